@@ -1,0 +1,85 @@
+"""The step loop: ``plan = schedule(); result = execute(plan); outputs = commit(plan, result)``."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+from eyas.config import EngineConfig
+from eyas.engine.output_processor import OutputProcessor
+from eyas.engine.outputs import RequestOutput
+from eyas.engine.request import Request, RequestStatus
+from eyas.engine.scheduler import Scheduler
+from eyas.kv.manager import KVCacheManager
+from eyas.model.tokenizer import Tokenizer
+from eyas.runner.model_runner import ModelRunner
+from eyas.sampling.params import SamplingParams
+
+logger = logging.getLogger("eyas")
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, tokenizer: Tokenizer, attention_backend: str | None = None):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.runner = ModelRunner(config, attention_backend)
+        groups = self.runner.kv_cache_groups()
+        block_size = config.cache.block_size
+        bytes_per_block = sum(g.bytes_per_token for g in groups) * block_size
+        num_blocks = config.cache.num_blocks or int(config.cache.kv_cache_gb * 2**30 // bytes_per_block)
+        max_len = config.scheduler.max_model_len
+        needed = -(-max_len // block_size) + 1  # + the reserved null block
+        if num_blocks < needed:
+            raise ValueError(
+                f"kv_cache_gb: {config.cache.kv_cache_gb} GiB gives {num_blocks} blocks of {block_size} tokens, "
+                f"but one request of max_model_len={max_len} needs {needed} "
+                f"({needed * bytes_per_block / 2**30:.3f} GiB); raise kv_cache_gb / num_kv_blocks or lower max_model_len")
+        self.runner.allocate_kv_cache(num_blocks)
+        self.kv = KVCacheManager(groups, num_blocks, block_size, config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.outputs = OutputProcessor(tokenizer)
+        self.num_kv_blocks = num_blocks
+        self._seed_rng = random.Random(config.seed)
+        logger.info("KV cache: %d blocks x %d tokens = %d token slots (%.3f GiB), %s, attention backend %s",
+                    num_blocks - 1, block_size, (num_blocks - 1) * block_size,
+                    num_blocks * bytes_per_block / 2**30, config.dtype, self.runner.backend.name)
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    prompt: str | None = None) -> None:
+        """Validate at the edge: a bad request raises ValueError and changes nothing."""
+        vocab, max_len = self.config.model.vocab_size, self.config.scheduler.max_model_len
+        if request_id in self.scheduler.requests:
+            raise ValueError(f"request_id: '{request_id}' is already running")
+        if not prompt_token_ids:
+            raise ValueError("prompt: is empty; give at least one token")
+        bad = [t for t in prompt_token_ids if not (isinstance(t, int) and 0 <= t < vocab)]
+        if bad:
+            raise ValueError(f"prompt_token_ids: {bad[:5]} outside the vocabulary [0, {vocab})")
+        if len(prompt_token_ids) >= max_len:
+            raise ValueError(f"prompt: {len(prompt_token_ids)} tokens does not fit max_model_len={max_len} "
+                             f"(at most {max_len - 1} prompt tokens, leaving room for one output token)")
+        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
+        request = Request(request_id, list(prompt_token_ids), len(prompt_token_ids), params, seed,
+                          frozenset(self.config.model.eos_token_ids), max_len)
+        self.scheduler.add(request)
+        self.outputs.add(request, prompt)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        request = self.scheduler.finish(request_id, RequestStatus.FINISHED_ABORTED)
+        return None if request is None else self.outputs.output(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        if not plan.scheduled:
+            return []
+        result = self.runner.execute(plan)
+        changed = self.scheduler.commit(plan, result.sampled)
+        outputs = []
+        for request in changed:
+            if self.outputs.update(request, result.logprobs.get(request.request_id)):
+                self.scheduler.finish(request.request_id, RequestStatus.FINISHED_STOPPED)
+            outputs.append(self.outputs.output(request))
+        return outputs

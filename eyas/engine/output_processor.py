@@ -1,0 +1,72 @@
+"""Detokenizes outputs incrementally, applies stop strings, builds RequestOutput objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from eyas.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from eyas.engine.request import Request
+from eyas.model.detokenizer import IncrementalDetokenizer
+from eyas.model.tokenizer import Tokenizer
+
+
+@dataclass
+class _TextState:
+    prompt: str | None
+    detokenizer: IncrementalDetokenizer
+    text: str = ""
+    num_detokenized: int = 0
+    logprobs: list[dict[int, float]] | None = None
+    stop_reason: int | str | None = None
+    finished_by_stop_string: bool = False
+    spec_metrics: dict = field(default_factory=dict)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.states: dict[str, _TextState] = {}
+
+    def add(self, request: Request, prompt: str | None) -> None:
+        detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=request.params.skip_special_tokens)
+        self.states[request.request_id] = _TextState(prompt, detok,
+                                                     logprobs=[] if request.params.logprobs is not None else None)
+
+    def update(self, request: Request, logprobs: list[dict[int, float]] | None) -> bool:
+        """Take the request's new tokens; returns True when a stop string ended it."""
+        state = self.states[request.request_id]
+        new_tokens = request.output_token_ids[state.num_detokenized:]
+        state.num_detokenized += len(new_tokens)
+        if state.logprobs is not None and logprobs:
+            state.logprobs.extend(logprobs)
+        old_len = len(state.text)
+        state.text += state.detokenizer.add(new_tokens)
+        if request.status.finished:
+            state.text += state.detokenizer.flush()
+        stops = request.params.stop
+        if stops and not state.finished_by_stop_string:
+            tail_from = max(0, old_len - max(map(len, stops)) + 1)
+            hits = [(state.text.find(s, tail_from), s) for s in stops]
+            hits = [(i, s) for i, s in hits if i >= 0]
+            if hits:
+                index, stop = min(hits)
+                state.text = state.text[:index]
+                state.stop_reason = stop
+                state.finished_by_stop_string = True
+                return True
+        return False
+
+    def output(self, request: Request) -> RequestOutput:
+        state = self.states[request.request_id]
+        finished = request.status.finished
+        if finished:
+            del self.states[request.request_id]
+        stop_reason = state.stop_reason
+        if stop_reason is None and request.status.finish_reason == "stop" and request.output_token_ids:
+            stop_reason = request.output_token_ids[-1]
+        completion = CompletionOutput(0, state.text, list(request.output_token_ids), request.status.finish_reason,
+                                      stop_reason if finished else None, state.logprobs)
+        metrics = RequestMetrics(request.arrival_time, request.first_token_time, request.finish_time,
+                                 request.num_output_tokens)
+        return RequestOutput(request.request_id, state.prompt, request.prompt_token_ids, [completion], finished,
+                             metrics, request.num_cached_tokens, state.spec_metrics)

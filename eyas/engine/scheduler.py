@@ -1,0 +1,176 @@
+"""Continuous batching with chunked prefill, prefix caching and preemption by recompute.
+
+Every step the scheduler hands out a token budget: running requests first (a decode
+costs one token plus its draft tokens), then waiting requests, whose prompts are cut into
+chunks that fit what is left. A request samples only in the step whose chunk reaches its
+last known token. When blocks run out, the most recently admitted running request is
+preempted: its blocks are freed and it goes back to the front of the queue to be
+recomputed later (prompt and outputs so far), so outputs are unchanged.
+
+The scheduler alone mutates requests and, through the KV-cache manager, block tables.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from eyas.config import SchedulerConfig
+from eyas.engine.request import Request, RequestStatus
+from eyas.kv.manager import KVCacheManager
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    start: int  # tokens already in the cache (positions start .. start + num_new_tokens - 1 run now)
+    num_new_tokens: int  # committed tokens fed this step (a prompt chunk, or 1 when decoding)
+    draft_token_ids: list[int]  # proposed tokens verified after the committed ones
+    block_tables: list[list[int]]  # one per KV-cache group (live view of the manager's table)
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the request's last token, so the target samples a new one."""
+        return self.start + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest]
+    num_tokens: int
+    preempted: list[str]
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, num_lookahead_tokens: int = 0):
+        self.config = config
+        self.kv = kv
+        self.num_lookahead_tokens = num_lookahead_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.drafts: dict[str, list[int]] = {}  # request id -> draft tokens to verify next step
+
+    def add(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[str] = []
+        for request in list(self.running):
+            if request not in self.running:  # preempted earlier in this loop
+                continue
+            drafts = self.drafts.get(request.request_id, [])
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            drafts = drafts if num_new == request.num_tokens - request.num_computed_tokens else []
+            drafts = drafts[: max(0, budget - num_new)]
+            if num_new <= 0:
+                continue
+            total = request.num_computed_tokens + num_new + len(drafts) + self.num_lookahead_tokens
+            while not self.kv.allocate(request.request_id, total):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                scheduled = [s for s in scheduled if s.request is not victim]
+                if victim is request:
+                    break
+            if request.status is not RequestStatus.RUNNING:
+                continue
+            scheduled.append(self._entry(request, num_new, drafts))
+            budget -= num_new + len(drafts)
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
+            request = self.waiting[0]
+            if request.num_computed_tokens == 0 and request.request_id not in self.kv.tables:
+                cached = self.kv.lookup_prefix(request.request_id, request.token_ids)
+                request.num_computed_tokens = cached
+                if request.num_preemptions == 0:
+                    request.num_cached_tokens = cached
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self.kv.allocate(request.request_id, request.num_computed_tokens + num_new):
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            scheduled.append(self._entry(request, num_new, []))
+            budget -= num_new
+        num_tokens = sum(s.num_new_tokens + len(s.draft_token_ids) for s in scheduled)
+        return SchedulerOutput(scheduled, num_tokens, preempted)
+
+    def _entry(self, request: Request, num_new: int, drafts: list[int]) -> ScheduledRequest:
+        return ScheduledRequest(request, request.num_computed_tokens, num_new, drafts,
+                                self.kv.block_tables(request.request_id))
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.kv.free(request.request_id)
+        self.drafts.pop(request.request_id, None)
+        request.status = RequestStatus.WAITING
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def commit(self, plan: SchedulerOutput, sampled: dict[str, list[int]]) -> list[Request]:
+        """Apply one step: advance computed counts, append emitted tokens, check stops.
+
+        ``sampled`` maps each sampling request to the tokens it emitted this step (one when
+        not speculating; accepted drafts plus one otherwise). Returns the requests that
+        changed (got tokens or finished).
+        """
+        now = time.perf_counter()
+        changed = []
+        for entry in plan.scheduled:
+            request = entry.request
+            request.num_computed_tokens += entry.num_new_tokens
+            if not entry.samples:
+                self.kv.register_full_blocks(request.request_id, request.token_ids, request.num_computed_tokens)
+                continue
+            emitted = sampled[request.request_id]
+            request.num_computed_tokens += len(emitted) - 1  # accepted drafts are in the cache already
+            if request.first_token_time is None:
+                request.first_token_time = now
+            for token in emitted:
+                request.token_ids.append(token)
+                if self._stop_reason(request, token) is not None:
+                    request.status = self._stop_reason(request, token)
+                    break
+            self.kv.register_full_blocks(request.request_id, request.token_ids, request.num_computed_tokens)
+            if request.status.finished:
+                self._finish(request, now)
+            changed.append(request)
+        return changed
+
+    def _stop_reason(self, request: Request, token: int) -> RequestStatus | None:
+        params = request.params
+        if request.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token in request.eos_token_ids:
+                return RequestStatus.FINISHED_STOPPED
+            if params.stop_token_ids and token in params.stop_token_ids:
+                return RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= request.max_output_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def finish(self, request_id: str, status: RequestStatus) -> Request | None:
+        """Finish from outside the step (abort, or a stop string found in the text)."""
+        request = self.requests.get(request_id)
+        if request is None or request.status.finished:
+            return None
+        if request in self.waiting:
+            self.waiting.remove(request)
+        request.status = status
+        self._finish(request, time.perf_counter())
+        return request
+
+    def _finish(self, request: Request, now: float) -> None:
+        if request in self.running:
+            self.running.remove(request)
+        request.finish_time = now
+        self.kv.free(request.request_id)
+        self.drafts.pop(request.request_id, None)
+        del self.requests[request.request_id]

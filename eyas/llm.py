@@ -1,0 +1,130 @@
+"""The offline facade: ``LLM(model=...).generate(prompts, SamplingParams(...))`` and ``chat``."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from typing import Sequence
+
+import torch
+
+from eyas.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, max_model_len_for
+from eyas.engine.engine import Engine
+from eyas.engine.outputs import RequestOutput
+from eyas.model.resolve import resolve_model
+from eyas.model.tokenizer import Tokenizer
+from eyas.sampling.params import SamplingParams
+
+Prompt = str | list[int]
+Conversation = list[dict]
+
+
+def _setup_logging() -> None:
+    logger = logging.getLogger("eyas")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s eyas: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
+class LLM:
+    """An engine over one model. Argument names follow vLLM's where vLLM has one.
+
+    ``model``: None or ``"smollm2"`` for the built-in SmolLM2-135M-Instruct, an HF folder, or a
+    ``.gguf`` file. ``dtype``: ``"auto"`` (bfloat16 on CUDA, float32 on CPU), ``"bfloat16"``,
+    ``"float16"`` or ``"float32"``.
+    """
+
+    def __init__(self, model: str | os.PathLike | None = None, *, dtype: str | torch.dtype = "auto",
+                 device: str | None = None, max_model_len: int | None = None, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int = 2048, kv_cache_gb: float = 1.0, num_kv_blocks: int | None = None,
+                 block_size: int = 16, enable_prefix_caching: bool = True, seed: int = 0,
+                 speculative_config: dict | None = None, attention_backend: str | None = None,
+                 num_threads: int | None = None):
+        _setup_logging()
+        if num_threads is not None:
+            if num_threads < 1:
+                raise ValueError(f"num_threads: {num_threads} must be >= 1")
+            torch.set_num_threads(num_threads)
+        path = resolve_model(model)
+        model_config = ModelConfig.from_folder(path)
+        dev = EngineConfig.resolve_device(device)
+        max_len = max_model_len_for(model_config, max_model_len)
+        config = EngineConfig(
+            model=model_config,
+            cache=CacheConfig(block_size, kv_cache_gb, num_kv_blocks, enable_prefix_caching),
+            scheduler=SchedulerConfig(max_num_seqs, max(max_num_batched_tokens, 16), max_len),
+            dtype=EngineConfig.resolve_dtype(dtype, dev),
+            device=dev,
+            seed=seed,
+            speculative=speculative_config,
+        )
+        self.tokenizer = Tokenizer.from_folder(path)
+        self.engine = Engine(config, self.tokenizer, attention_backend)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self) -> Tokenizer:
+        return self.tokenizer
+
+    def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run prompts (text or token-id lists) to completion; outputs come back in prompt order."""
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        elif len(params) != len(prompts):
+            raise ValueError(f"sampling_params: {len(params)} given for {len(prompts)} prompts; give one or one each")
+        ids = self._add_all(prompts, list(params))
+        return self._run(ids, use_tqdm)
+
+    def chat(self, messages: Conversation | Sequence[Conversation],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             add_generation_prompt: bool = True, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Render conversations with the model's chat template, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        texts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt)
+                 for c in conversations]
+        return self.generate(texts, sampling_params, use_tqdm)
+
+    def _add_all(self, prompts: list[Prompt], params: list[SamplingParams]) -> list[str]:
+        ids: list[str] = []
+        try:
+            for prompt, p in zip(prompts, params):
+                if isinstance(prompt, str):
+                    token_ids, text = self.tokenizer.encode(prompt), prompt
+                else:
+                    token_ids, text = list(prompt), None
+                request_id = str(next(self._ids))
+                self.engine.add_request(request_id, token_ids, p, text)
+                ids.append(request_id)
+        except Exception:
+            for request_id in ids:  # all or nothing: the engine keeps serving everyone else
+                self.engine.abort_request(request_id)
+            raise
+        return ids
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        wanted = set(ids)
+        finished: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm and len(ids) > 1:
+            from tqdm import tqdm
+            bar = tqdm(total=len(ids), desc="generate", unit="req", dynamic_ncols=True)
+        num_generated = 0
+        while len(finished) < len(ids):
+            for out in self.engine.step():
+                num_generated += 1
+                if out.finished and out.request_id in wanted:
+                    finished[out.request_id] = out
+                    if bar is not None:
+                        bar.update(1)
+            if bar is not None:
+                bar.set_postfix_str(f"{num_generated / max(bar.format_dict['elapsed'], 1e-9):.1f} tok/s")
+        if bar is not None:
+            bar.close()
+        return [finished[i] for i in ids]

@@ -1,0 +1,119 @@
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2 with QKV bias, Qwen3 with QK norm).
+
+Written for paged attention: the model sees a flat batch of ``num_tokens`` tokens from many
+requests; the attention layers find their per-batch metadata in the forward context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from eyas.config import ModelConfig
+from eyas.model.forward_context import get_forward_context
+from eyas.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
+
+
+@dataclass
+class ModelOutput:
+    hidden: torch.Tensor  # [num_tokens, hidden] after the final norm (what the head reads)
+    aux_hidden: torch.Tensor | None  # [num_tokens, num_aux_layers, hidden] residual stream at aux ids
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.layer_id = layer_id
+        self.kv_cache_group = 0
+        self.kv_cache: torch.Tensor | None = None  # [2, num_slots, kv_heads, head_dim], bound by the runner
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, H, D]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        ctx = get_forward_context()
+        out = ctx.backend.forward(q, k, v, self.kv_cache, ctx.attn_metadata[self.kv_cache_group])
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_id)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_positions: int, aux_layer_ids: tuple[int, ...] = ()):
+        super().__init__()
+        for layer_id in aux_layer_ids:
+            if not 0 <= layer_id <= cfg.num_layers:
+                raise ValueError(f"aux_layer_ids: {layer_id} is outside [0, {cfg.num_layers}] "
+                                 f"(0 = embeddings, {cfg.num_layers} = after the last layer)")
+        self.config = cfg
+        self.aux_layer_ids = tuple(aux_layer_ids)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn for layer in self.layers]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
+        """input_ids, positions: [num_tokens]. Aux id k = the stream entering layer k (vLLM convention)."""
+        h = self.embed_tokens(input_ids)  # [T, hidden]
+        cos, sin = self.rotary.table(positions, h.dtype)
+        aux = []
+        for i, layer in enumerate(self.layers):
+            if i in self.aux_layer_ids:
+                aux.append(h)
+            h = layer(h, cos, sin)
+        if len(self.layers) in self.aux_layer_ids:
+            aux.append(h)
+        aux_hidden = torch.stack(aux, dim=1) if aux else None
+        return ModelOutput(hidden=self.norm(h), aux_hidden=aux_hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [N, hidden] -> logits [N, vocab] in float32."""
+        return self.lm_head(hidden).float()
+
+    def load_name(self, hf_name: str) -> tuple[str, int | None, int] | None:
+        """Map an HF tensor name to (parameter name, shard index in a fused weight, number of shards).
+
+        Returns None for tensors the model does not use (rotary buffers, MTP layers past N).
+        """
+        name = hf_name.removeprefix("model.")
+        if name.startswith("layers."):
+            if int(name.split(".")[1]) >= self.config.num_layers:
+                return None
+        if "rotary_emb" in name or (name == "lm_head.weight" and self.config.tie_word_embeddings):
+            return None
+        for part, fused, index, count in (("q_proj", "qkv_proj", 0, 3), ("k_proj", "qkv_proj", 1, 3),
+                                          ("v_proj", "qkv_proj", 2, 3), ("gate_proj", "gate_up_proj", 0, 2),
+                                          ("up_proj", "gate_up_proj", 1, 2)):
+            if f".{part}." in name:
+                return name.replace(part, fused), index, count
+        return name, None, 1
