@@ -28,11 +28,7 @@ class ScheduledRequest:
     num_new_tokens: int  # committed tokens fed this step (a prompt chunk, or 1 when decoding)
     draft_token_ids: list[int]  # proposed tokens verified after the committed ones
     block_tables: list[list[int]]  # one per KV-cache group (live view of the manager's table)
-
-    @property
-    def samples(self) -> bool:
-        """True when this step reaches the request's last token, so the target samples a new one."""
-        return self.start + self.num_new_tokens == self.request.num_tokens
+    samples: bool  # this step reaches the request's last token, so the target samples a new one
 
 
 @dataclass
@@ -103,8 +99,9 @@ class Scheduler:
         return SchedulerOutput(scheduled, num_tokens, preempted)
 
     def _entry(self, request: Request, num_new: int, drafts: list[int]) -> ScheduledRequest:
-        return ScheduledRequest(request, request.num_computed_tokens, num_new, drafts,
-                                self.kv.block_tables(request.request_id))
+        start = request.num_computed_tokens
+        return ScheduledRequest(request, start, num_new, drafts, self.kv.block_tables(request.request_id),
+                                samples=start + num_new == request.num_tokens)
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)

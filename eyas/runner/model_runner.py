@@ -12,6 +12,7 @@ from eyas.kv.block_pool import NULL_BLOCK
 from eyas.kv.manager import KVCacheGroupSpec
 from eyas.model.attention import AttentionBatch, default_backend, get_backend
 from eyas.model.forward_context import ForwardContext, forward_context
+from eyas.model.llama import ModelOutput
 from eyas.model.loader import load_model
 from eyas.sampling.sampler import LogprobsTensors, Sampler, SamplingBatch
 
@@ -49,10 +50,15 @@ class ModelRunner:
             self.kv_caches.append(cache)
 
     @torch.inference_mode()
-    def execute(self, plan: SchedulerOutput) -> RunnerOutput:
+    def forward(self, plan: SchedulerOutput) -> tuple[ModelOutput, "_Inputs"]:
+        """Run the target over the plan's tokens (writing their K/V into the cache)."""
         inputs = self._prepare(plan)
         with forward_context(ForwardContext(self.backend, inputs.attn_metadata)):
-            out = self.model(inputs.input_ids, inputs.positions)
+            return self.model(inputs.input_ids, inputs.positions), inputs
+
+    @torch.inference_mode()
+    def execute(self, plan: SchedulerOutput) -> RunnerOutput:
+        out, inputs = self.forward(plan)
         if not inputs.sample_rows:
             return RunnerOutput({}, {})
         logits = self.model.compute_logits(out.hidden[inputs.logits_index])  # [num_sampling, vocab]
