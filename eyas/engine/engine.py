@@ -30,8 +30,10 @@ class Engine:
         max_len = config.scheduler.max_model_len
         needed = -(-max_len // block_size) + 1  # + the reserved null block
         if num_blocks < needed:
+            source = (f"num_kv_blocks: {num_blocks}" if config.cache.num_blocks else
+                      f"kv_cache_gb: {config.cache.kv_cache_gb} GiB gives {num_blocks}")
             raise ValueError(
-                f"kv_cache_gb: {config.cache.kv_cache_gb} GiB gives {num_blocks} blocks of {block_size} tokens, "
+                f"{source} blocks of {block_size} tokens, "
                 f"but one request of max_model_len={max_len} needs {needed} "
                 f"({needed * bytes_per_block / 2**30:.3f} GiB); raise kv_cache_gb / num_kv_blocks or lower max_model_len")
         self.runner.allocate_kv_cache(num_blocks)

@@ -1,0 +1,104 @@
+"""Preemption, chunked prefill and prefix caching never change outputs; seeded sampling is batch-invariant."""
+
+import torch
+
+from eyas import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+
+
+def _prompts(n=8, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (int(torch.randint(5, 90, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+def _tokens(outs):
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def _llm(path, **kw):
+    kw.setdefault("kv_cache_gb", 0.02)
+    return LLM(str(path), dtype="float32", max_model_len=256, **kw)
+
+
+def test_preemption_chunked_prefill_and_prefix_cache_keep_greedy_outputs(tiny_models):
+    path = tiny_models["llama"]
+    prompts = _prompts()
+    reference = _tokens(_llm(path, enable_prefix_caching=False).generate(prompts, GREEDY, use_tqdm=False))
+
+    tiny_pool = _llm(path, num_kv_blocks=20, enable_prefix_caching=False)  # 19 usable blocks = 304 slots
+    outs = tiny_pool.generate(prompts, GREEDY, use_tqdm=False)
+    assert _tokens(outs) == reference
+
+    chunked = _llm(path, max_num_batched_tokens=16, enable_prefix_caching=False)
+    assert _tokens(chunked.generate(prompts, GREEDY, use_tqdm=False)) == reference
+
+    cached = _llm(path)
+    shared = list(range(40, 120))  # 80-token shared prefix = 5 full blocks
+    with_prefix = [shared + p for p in prompts]
+    first = cached.generate(with_prefix[:1], GREEDY, use_tqdm=False)
+    rest = cached.generate(with_prefix, GREEDY, use_tqdm=False)
+    assert all(o.num_cached_tokens >= 80 for o in rest)
+    fresh = _llm(path, enable_prefix_caching=False).generate(with_prefix, GREEDY, use_tqdm=False)
+    assert _tokens(rest) == _tokens(fresh) and _tokens(first) == _tokens(fresh[:1])
+
+
+def test_preemption_really_happens(tiny_models):
+    llm = _llm(tiny_models["llama"], num_kv_blocks=20, enable_prefix_caching=False)
+    engine = llm.engine
+    for i, p in enumerate(_prompts()):
+        engine.add_request(f"r{i}", p, GREEDY)
+    preempted = 0
+    while engine.has_unfinished_requests():
+        plan = engine.scheduler.schedule()
+        preempted += len(plan.preempted)
+        if plan.scheduled:
+            engine.scheduler.commit(plan, engine.runner.execute(plan).sampled)
+    assert preempted > 0
+    assert engine.kv.num_free_blocks == 19  # every block came back
+
+
+def test_seeded_sampling_is_identical_alone_and_in_a_mixed_batch(tiny_models):
+    llm = _llm(tiny_models["qwen3"])
+    prompts = _prompts(6, seed=7)
+    seeded = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=1234, max_tokens=30, ignore_eos=True)
+    alone = llm.generate([prompts[0]], seeded, use_tqdm=False)[0].outputs[0].token_ids
+    mixed_params = [seeded] + [SamplingParams(temperature=t, seed=None, max_tokens=20 + 3 * i, ignore_eos=True)
+                               for i, t in enumerate([0, 0.5, 1.0, 1.3, 0.7])]
+    mixed = llm.generate(prompts, mixed_params, use_tqdm=False)
+    assert mixed[0].outputs[0].token_ids == alone
+    # the same seed in another slot of another batch, after preemption and chunking, still matches
+    other = _llm(tiny_models["qwen3"], num_kv_blocks=18, max_num_batched_tokens=16, enable_prefix_caching=False)
+    again = other.generate(prompts[::-1], [mixed_params[i] for i in range(5, -1, -1)], use_tqdm=False)
+    assert again[-1].outputs[0].token_ids == alone
+    # unseeded requests differ from each other (the engine draws a fresh seed per request)
+    free = llm.generate([prompts[1]] * 2, SamplingParams(temperature=1.0, max_tokens=20, ignore_eos=True),
+                        use_tqdm=False)
+    assert free[0].outputs[0].token_ids != free[1].outputs[0].token_ids
+
+
+def test_stop_conditions_and_outputs(tiny_models):
+    llm = _llm(tiny_models["llama"])
+    prompt = _prompts(1)[0]
+    base = llm.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0]
+    stop_tok = base.token_ids[5]
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[stop_tok]),
+                       use_tqdm=False)[0].outputs[0]
+    first = base.token_ids.index(stop_tok)
+    assert out.token_ids == base.token_ids[:first + 1] and out.finish_reason == "stop" and out.stop_reason == stop_tok
+    text = base.text
+    stop_str = text[len(text) // 2: len(text) // 2 + 2]
+    if stop_str:
+        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40, stop=[stop_str], ignore_eos=True),
+                           use_tqdm=False)[0]
+        assert out.outputs[0].finish_reason == "stop" and stop_str not in out.outputs[0].text
+        assert text.startswith(out.outputs[0].text)
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=7, ignore_eos=True, logprobs=3),
+                       use_tqdm=False)[0]
+    c = out.outputs[0]
+    assert c.finish_reason == "length" and len(c.token_ids) == 7 and len(c.logprobs) == 7
+    assert all(t in lp and len(lp) >= 3 for t, lp in zip(c.token_ids, c.logprobs))
+    assert all(max(lp.values()) == lp[t] for t, lp in zip(c.token_ids, c.logprobs))  # greedy = top-1
+    m = out.metrics
+    assert m.time_to_first_token > 0 and m.time_per_output_token > 0
