@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
@@ -73,14 +73,17 @@ class LLM:
         """Run prompts (text or token-id lists) to completion; outputs come back in prompt order."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        prompts = list(prompts)
-        params = sampling_params if sampling_params is not None else SamplingParams()
+        encoded = [(self.tokenizer.encode(p), p) if isinstance(p, str) else (list(p), None) for p in prompts]
+        return self._run(self._add_all(encoded, self._params_list(sampling_params, len(encoded))), use_tqdm)
+
+    @staticmethod
+    def _params_list(params, n: int) -> list[SamplingParams]:
+        params = params if params is not None else SamplingParams()
         if isinstance(params, SamplingParams):
-            params = [params] * len(prompts)
-        elif len(params) != len(prompts):
-            raise ValueError(f"sampling_params: {len(params)} given for {len(prompts)} prompts; give one or one each")
-        ids = self._add_all(prompts, list(params))
-        return self._run(ids, use_tqdm)
+            return [params] * n
+        if len(params) != n:
+            raise ValueError(f"sampling_params: {len(params)} given for {n} prompts; give one or one each")
+        return list(params)
 
     def chat(self, messages: Conversation | Sequence[Conversation],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -89,16 +92,28 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         texts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt)
                  for c in conversations]
-        return self.generate(texts, sampling_params, use_tqdm)
+        # the template already carries any BOS token, so encode without special tokens (as HF does)
+        prompts = [(self.tokenizer.encode(t, add_special_tokens=False), t) for t in texts]
+        return self._run(self._add_all(prompts, self._params_list(sampling_params, len(prompts))), use_tqdm)
 
-    def _add_all(self, prompts: list[Prompt], params: list[SamplingParams]) -> list[str]:
+    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+        """Yield the request's output after every step that changed it (cumulative text and tokens)."""
+        encoded = (self.tokenizer.encode(prompt), prompt) if isinstance(prompt, str) else (list(prompt), None)
+        (request_id,) = self._add_all([encoded], [sampling_params or SamplingParams()])
+        try:
+            while True:
+                for out in self.engine.step():
+                    if out.request_id == request_id:
+                        yield out
+                        if out.finished:
+                            return
+        finally:
+            self.engine.abort_request(request_id)
+
+    def _add_all(self, prompts: list[tuple[list[int], str | None]], params: list[SamplingParams]) -> list[str]:
         ids: list[str] = []
         try:
-            for prompt, p in zip(prompts, params):
-                if isinstance(prompt, str):
-                    token_ids, text = self.tokenizer.encode(prompt), prompt
-                else:
-                    token_ids, text = list(prompt), None
+            for (token_ids, text), p in zip(prompts, params):
                 request_id = str(next(self._ids))
                 self.engine.add_request(request_id, token_ids, p, text)
                 ids.append(request_id)

@@ -1,0 +1,175 @@
+"""The ``eyas`` command: ``generate`` (streams to the terminal), ``chat`` (interactive) and ``bench``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def _engine_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=None, help="HF folder or .gguf file (default: built-in SmolLM2-135M-Instruct)")
+    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="auto = bfloat16 on CUDA, float32 on CPU")
+    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    g.add_argument("--kv-cache-gb", type=float, default=1.0, help="memory budget of the paged KV cache")
+    g.add_argument("--no-prefix-caching", action="store_true")
+    g.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads)")
+
+
+def _sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
+    g = parser.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=int, default=max_tokens)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+
+
+def _make_llm(args):
+    from eyas import LLM
+
+    return LLM(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+               kv_cache_gb=args.kv_cache_gb, enable_prefix_caching=not args.no_prefix_caching,
+               num_threads=args.threads)
+
+
+def _params(args, **over):
+    from eyas import SamplingParams
+
+    kw = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+              min_p=args.min_p, seed=args.seed)
+    kw.update(over)
+    return SamplingParams(**kw)
+
+
+def _render(llm, messages: list[dict] | str, raw: bool = False) -> list[int]:
+    """Token ids of a raw prompt, or of a conversation rendered with the chat template (no extra BOS)."""
+    tok = llm.get_tokenizer()
+    if raw or tok.chat_template is None:
+        return tok.encode(messages if isinstance(messages, str) else messages[-1]["content"])
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    return tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False)
+
+
+def cmd_generate(args) -> int:
+    llm = _make_llm(args)
+    params = _params(args)
+    prompts = list(args.prompt)
+    if args.prompts_file:
+        with open(args.prompts_file) as f:
+            prompts += [line.rstrip("\n") for line in f if line.strip()]
+    if not prompts:
+        print("eyas generate: give a prompt (or --prompts-file)", file=sys.stderr)
+        return 2
+    if len(prompts) > 1:  # a batch: progress bar, then every answer
+        outs = llm.generate([_render(llm, p, args.raw) for p in prompts], params)
+        for p, o in zip(prompts, outs):
+            print(f"### {p}\n{o.outputs[0].text}\n")
+        return 0
+    text = ""
+    out = None
+    for out in llm.stream(_render(llm, prompts[0], args.raw), params):
+        delta = out.outputs[0].text[len(text):]
+        text = out.outputs[0].text
+        print(delta, end="", flush=True)
+    print()
+    if out is not None and not args.quiet:
+        m, n = out.metrics, len(out.outputs[0].token_ids)
+        tpot = m.time_per_output_token
+        print(f"[{n} tokens, finish={out.outputs[0].finish_reason}, ttft={m.time_to_first_token * 1e3:.0f} ms"
+              + (f", {1 / tpot:.1f} tok/s decode]" if tpot else "]"), file=sys.stderr)
+    return 0
+
+
+def cmd_chat(args) -> int:
+    llm = _make_llm(args)
+    params = _params(args)
+    history = [{"role": "system", "content": args.system}] if args.system else []
+    print("eyas chat: type a message, empty line or Ctrl-D to quit, /reset to start over.")
+    while True:
+        try:
+            line = input("> ").strip()
+        except EOFError:
+            print()
+            return 0
+        if not line:
+            return 0
+        if line == "/reset":
+            history = history[:1] if args.system else []
+            continue
+        history.append({"role": "user", "content": line})
+        text = ""
+        for out in llm.stream(_render(llm, history), params):
+            delta = out.outputs[0].text[len(text):]
+            text = out.outputs[0].text
+            print(delta, end="", flush=True)
+        print()
+        history.append({"role": "assistant", "content": text})
+
+
+def cmd_bench(args) -> int:
+    from eyas.data.prompts import chat_prompts
+
+    llm = _make_llm(args)
+    tok = llm.get_tokenizer()
+    prompts = [_render(llm, c) for c in chat_prompts(args.num_prompts)]
+    params = _params(args, ignore_eos=True)
+    llm.generate(prompts[: min(2, len(prompts))], _params(args, max_tokens=4), use_tqdm=False)  # warm-up
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    generated = sum(len(o.outputs[0].token_ids) for o in outs)
+    prompt_tokens = sum(len(o.prompt_token_ids) for o in outs)
+    ttft = sorted(o.metrics.time_to_first_token for o in outs)
+    print(f"requests: {len(outs)}  prompt tokens: {prompt_tokens}  generated tokens: {generated}")
+    print(f"elapsed: {elapsed:.2f} s  output throughput: {generated / elapsed:.1f} tok/s  "
+          f"total throughput: {(generated + prompt_tokens) / elapsed:.1f} tok/s")
+    print(f"median time to first token: {ttft[len(ttft) // 2] * 1e3:.0f} ms")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eyas", description="eyas: a compact LLM inference engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate from prompts, streaming to the terminal")
+    gen.add_argument("prompt", nargs="*", help="prompt text (several prompts run as one batch)")
+    gen.add_argument("--prompts-file", help="a file with one prompt per line")
+    gen.add_argument("--raw", action="store_true", help="do not wrap the prompt in the chat template")
+    gen.add_argument("--quiet", action="store_true", help="no timing line")
+    _engine_args(gen)
+    _sampling_args(gen, max_tokens=256)
+    gen.set_defaults(func=cmd_generate)
+    chat = sub.add_parser("chat", help="interactive chat in the terminal")
+    chat.add_argument("--system", default=None, help="system message")
+    _engine_args(chat)
+    _sampling_args(chat, max_tokens=512)
+    chat.set_defaults(func=cmd_chat)
+    bench = sub.add_parser("bench", help="throughput on real ShareGPT chat prompts")
+    bench.add_argument("--num-prompts", type=int, default=32)
+    _engine_args(bench)
+    _sampling_args(bench, max_tokens=128)
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:
+        print(f"eyas {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Per-request sampling parameters (vLLM's names and defaults), validated once at the edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1 = disabled
+    min_p: float = 0.0
+    max_tokens: int = 16
+    min_tokens: int = 0
+    seed: int | None = None
+    stop: str | list[str] | None = None  # normalised to a list in __post_init__
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top-n logprobs per token, plus the sampled one (0: it only)
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        def bad(field: str, value: object, allowed: str) -> ValueError:
+            return ValueError(f"SamplingParams.{field}={value!r} is invalid: must be {allowed}")
+
+        if not self.temperature >= 0:
+            raise bad("temperature", self.temperature, ">= 0 (0 = greedy)")
+        if not 0 < self.top_p <= 1:
+            raise bad("top_p", self.top_p, "in (0, 1]")
+        if self.top_k < -1:
+            raise bad("top_k", self.top_k, ">= 1, or 0 / -1 to disable")
+        if not 0 <= self.min_p <= 1:
+            raise bad("min_p", self.min_p, "in [0, 1]")
+        if self.max_tokens < 1:
+            raise bad("max_tokens", self.max_tokens, ">= 1")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise bad("min_tokens", self.min_tokens, f"in [0, max_tokens={self.max_tokens}]")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise bad("logprobs", self.logprobs, f"None or in [0, {MAX_LOGPROBS}]")
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        elif isinstance(self.stop, (list, tuple)):
+            self.stop = list(self.stop)
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise bad("stop", self.stop, "a non-empty string or a list of non-empty strings")
+        if self.stop_token_ids is not None and any(t < 0 for t in self.stop_token_ids):
+            raise bad("stop_token_ids", self.stop_token_ids, "a list of token ids >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1

@@ -1,0 +1,176 @@
+"""The seeded sampler: processed target distribution + Gumbel-max with (seed, position) noise.
+
+One code path serves seeded and unseeded requests: the engine gives every request a seed, and
+the noise for the token at sequence index ``position`` is ``gumbel(seed, position)`` (see
+``noise.py``). A request therefore samples the same tokens alone or in any batch, and the
+shared-noise verifier (``rejection.shared_noise_verify``) reproduces them exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from eyas.sampling.noise import gumbel
+from eyas.sampling.params import SamplingParams
+
+
+@dataclass
+class SamplingBatch:
+    """One row per logits row; built by the runner once per step."""
+
+    temperature: Tensor  # [N] float32, 0 = greedy
+    top_k: Tensor  # [N] int64, 0 = off
+    top_p: Tensor  # [N] float32, 1 = off
+    min_p: Tensor  # [N] float32, 0 = off
+    seeds: Tensor  # [N] int64
+    positions: Tensor  # [N] int64: sequence index of the token being sampled
+    all_greedy: bool
+    any_top_k: bool
+    any_top_p: bool
+    any_min_p: bool
+    max_num_logprobs: int | None  # None = no logprobs; 0 = only the sampled token's
+    max_top_k: int = 0  # max(top_k) when every row has a top-k (sort only that many), else 0
+
+    @classmethod
+    def from_params(
+        cls,
+        params: list[SamplingParams],
+        seeds: list[int],
+        positions: list[int],
+        device: torch.device | str,
+    ) -> "SamplingBatch":
+        greedy = [p.greedy for p in params]
+        top_k = [0 if g or p.top_k == -1 else p.top_k for p, g in zip(params, greedy)]
+        top_p = [1.0 if g else p.top_p for p, g in zip(params, greedy)]
+        min_p = [0.0 if g else p.min_p for p, g in zip(params, greedy)]
+        asked = [p.logprobs for p in params if p.logprobs is not None]
+
+        def f32(x: list) -> Tensor:
+            return torch.tensor(x, dtype=torch.float32, device=device)
+
+        def i64(x: list) -> Tensor:
+            return torch.tensor(x, dtype=torch.int64, device=device)
+
+        return cls(
+            temperature=f32([0.0 if g else p.temperature for p, g in zip(params, greedy)]),
+            top_k=i64(top_k),
+            top_p=f32(top_p),
+            min_p=f32(min_p),
+            seeds=i64(seeds),
+            positions=i64(positions),
+            all_greedy=all(greedy),
+            any_top_k=any(k > 0 for k in top_k),
+            any_top_p=any(p < 1.0 for p in top_p),
+            any_min_p=any(m > 0.0 for m in min_p),
+            max_num_logprobs=max(asked) if asked else None,
+            max_top_k=max(top_k) if all(k > 0 for k in top_k) else 0,
+        )
+
+
+@dataclass
+class LogprobsTensors:
+    """Logprobs of the RAW model distribution (log_softmax of unprocessed logits)."""
+
+    sampled_logprobs: Tensor  # [N] float32: logprob of the sampled token
+    top_token_ids: Tensor  # [N, n] int64, best first
+    top_logprobs: Tensor  # [N, n] float32
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: Tensor  # [N] int64
+    logprobs: LogprobsTensors | None
+
+
+def gumbel_argmax(
+    logprobs: Tensor, seeds: Tensor, positions: Tensor, stream: int | Tensor = 0
+) -> Tensor:
+    """[N] int64 = argmax(logprobs + gumbel(seed, position, stream)): an exact sample per row.
+
+    The one function through which every random token is drawn (plain sampling on stream 0,
+    the bonus token, shared-noise verification, the recovered token on stream 2), so plain
+    and speculative decoding agree token for token. logprobs may be unnormalised.
+    """
+    noise = gumbel(seeds, positions, logprobs.shape[-1], stream)  # [N, V]
+    return torch.argmax(noise.add_(logprobs), dim=-1)
+
+
+class Sampler:
+    def processed_logprobs(self, logits: Tensor, batch: SamplingBatch) -> Tensor:
+        """[N, V] float32 log-probabilities of the exact distribution that `sample` draws from.
+
+        Order (vLLM v0's; vLLM v1 applies min-p before top-k/top-p):
+          1. divide logits by temperature;
+          2. top-k: keep logits >= the k-th largest (ties at the boundary are all kept);
+          3. top-p: sort the survivors descending, keep each token whose strictly-better mass
+             is < top_p (the smallest prefix reaching top_p; at least one token; ties with the
+             last kept value are kept);
+          4. min-p: drop tokens whose probability (after 2-3) is < min_p * the largest one;
+          5. log_softmax. Masked tokens get -inf.
+        Greedy rows (temperature 0) are one-hot at argmax(logits): 0 there, -inf elsewhere.
+
+        Example: logits [2, 1, 0, -1], T=1, top_k=3, top_p=0.9. Top-k drops -1; the survivors'
+        probs are [.665, .245, .090], whose strictly-better masses are [0, .665, .910], so top-p
+        keeps the first two: logprobs [-0.313, -1.313, -inf, -inf].
+        """
+        logits = logits.to(torch.float32)  # [N, V]
+        greedy = batch.temperature == 0  # [N]
+        x = logits / torch.where(greedy, 1.0, batch.temperature)[:, None]
+        if batch.any_top_k or batch.any_top_p:
+            x = self._top_k_top_p(x, batch)
+        x = torch.log_softmax(x, dim=-1)
+        if batch.any_min_p:
+            # prob < min_p * max_prob  <=>  logprob < log(min_p) + max_logprob (min_p=0 -> -inf).
+            floor = x.amax(dim=-1, keepdim=True) + torch.log(batch.min_p)[:, None]
+            x = torch.log_softmax(x.masked_fill(x < floor, -math.inf), dim=-1)
+        one_hot = torch.full_like(x, -math.inf).scatter_(
+            1, logits.argmax(dim=-1, keepdim=True), 0.0
+        )
+        return torch.where(greedy[:, None], one_hot, x)
+
+    @staticmethod
+    def _top_k_top_p(x: Tensor, batch: SamplingBatch) -> Tensor:
+        """Mask [N, V] scaled logits by value thresholds found with one descending sort.
+
+        Thresholds (not sort positions) decide, so tokens tied at a boundary are all kept and a
+        row's result does not depend on the rest of the batch. When every row has a top-k
+        (batch.max_top_k > 0), only the best max_top_k values are sorted (topk).
+        """
+        vocab = x.shape[-1]
+        k = torch.where(batch.top_k > 0, batch.top_k.clamp(max=vocab), vocab)  # [N]
+        width = min(batch.max_top_k, vocab) if batch.max_top_k > 0 else vocab
+        vals = torch.topk(x, width, dim=-1, sorted=True).values  # [N, width], descending
+        kth = vals.gather(1, (k - 1).clamp(max=width - 1)[:, None])  # [N, 1]
+        x = x.masked_fill(x < kth, -math.inf)
+        if batch.any_top_p:
+            vals = vals.masked_fill(vals < kth, -math.inf)
+            probs = torch.exp(vals - torch.logsumexp(x, dim=-1, keepdim=True))  # [N, width]
+            mass = torch.cumsum(probs, dim=-1)
+            mass_before = torch.nn.functional.pad(mass[:, :-1], (1, 0))  # exclusive cumsum
+            num_keep = (mass_before < batch.top_p[:, None]).sum(dim=-1, keepdim=True)  # >= 1
+            t_p = vals.gather(1, num_keep - 1)  # [N, 1]: smallest kept value
+            t_p = torch.where(batch.top_p[:, None] < 1, t_p, -math.inf)
+            x = x.masked_fill(x < t_p, -math.inf)
+        return x
+
+    def sample(self, logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
+        """Greedy rows: argmax. Others: argmax(processed_logprobs + gumbel(seed, position))."""
+        if batch.all_greedy:
+            token_ids = logits.argmax(dim=-1)
+        else:
+            logprobs = self.processed_logprobs(logits, batch)
+            token_ids = gumbel_argmax(logprobs, batch.seeds, batch.positions)
+        return SamplerOutput(token_ids, self._logprobs(logits, token_ids, batch.max_num_logprobs))
+
+    @staticmethod
+    def _logprobs(logits: Tensor, token_ids: Tensor, n: int | None) -> LogprobsTensors | None:
+        if n is None:
+            return None
+        raw = torch.log_softmax(logits.to(torch.float32), dim=-1)  # [N, V]
+        top_logprobs, top_ids = torch.topk(raw, n, dim=-1)
+        sampled = raw.gather(1, token_ids[:, None]).squeeze(1)
+        return LogprobsTensors(sampled, top_ids, top_logprobs)
