@@ -119,7 +119,6 @@ def cmd_bench(args) -> int:
     from eyas.data.prompts import chat_prompts
 
     llm = _make_llm(args)
-    tok = llm.get_tokenizer()
     prompts = [_render(llm, c) for c in chat_prompts(args.num_prompts)]
     params = _params(args, ignore_eos=True)
     llm.generate(prompts[: min(2, len(prompts))], _params(args, max_tokens=4), use_tqdm=False)  # warm-up
