@@ -30,6 +30,7 @@ def load_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_p
     with torch.device("meta"):
         model = model_class(cfg.architecture)(cfg, max_positions, aux_layer_ids)
     model.to_empty(device=device)
+    model.tie_weights()
     model.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling).to(device)
     params = dict(model.named_parameters())
     fused: dict[str, dict[int, torch.Tensor]] = {}

@@ -1,0 +1,83 @@
+"""The proposer interface: one input dataclass in, one output dataclass out, picked from a registry.
+
+A proposer never reaches into the scheduler or the runner. The runner calls ``propose``
+once per step, after verification, for the requests that sampled this step.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+
+@dataclass
+class ProposerInput:
+    """Everything any proposer may need, for the R requests that sampled this step (row order fixed).
+
+    The target's verification forward laid the batch out as ``num_tokens`` tokens; request r owns
+    ``query_start_loc[r]:query_start_loc[r+1]`` of it (its prompt chunk or last token, then its
+    drafts). ``emitted`` holds the tokens verification emitted per request; ``num_emitted`` how many.
+    """
+
+    token_ids: list[list[int]]  # [R] host: committed history (prompt + outputs), emitted tokens NOT included
+    emitted: torch.Tensor  # [R, k+1] int64, tokens emitted this step, padded with -1
+    num_emitted: torch.Tensor  # [R] int64 (accepted drafts + 1)
+    num_speculative_tokens: int  # k
+    # the verification forward, for drafters that reuse it (hidden-state drafters, draft models)
+    input_ids: torch.Tensor  # [num_tokens]
+    positions: torch.Tensor  # [num_tokens]
+    query_start_loc: torch.Tensor  # [R+1] host, offsets of each sampling request in the layout
+    hidden_states: torch.Tensor | None  # [num_tokens, hidden] target's last (normed) hidden states
+    aux_hidden_states: torch.Tensor | None  # [num_tokens, num_aux, hidden]
+    block_tables: list[list[list[int]]]  # [R][group] host block tables (the scheduler's, read-only)
+    # sampling state: draft j of request r is verified at sequence index num_tokens(r) + num_emitted(r) + j
+    seeds: torch.Tensor  # [R] int64
+    temperatures: torch.Tensor  # [R] float32 (0 = greedy)
+    sampling_params: list[Any]  # [R] SamplingParams
+
+
+@dataclass
+class ProposerOutput:
+    draft_token_ids: torch.Tensor  # [R, k] int64; only the first num_drafts[r] of row r count
+    num_drafts: torch.Tensor  # [R] int64 (0 = no speculation for this request this step)
+    draft_probs: torch.Tensor | None = None  # [R, k, vocab] float32, for rejection sampling; None = one-hot
+
+
+class Proposer(ABC):
+    """A drafting method. Class attributes declare what it needs from the engine."""
+
+    method: ClassVar[str]
+    needs_hidden_states: ClassVar[bool] = False  # target's last hidden states of the verification forward
+    aux_layer_ids: tuple[int, ...] = ()  # target aux layers it reads (vLLM convention)
+
+    def kv_cache_groups(self) -> list:
+        """Extra KV-cache groups (eyas.kv.manager.KVCacheGroupSpec) this proposer's layers need."""
+        return []
+
+    def bind_kv_caches(self, num_blocks: int, block_size: int, first_group: int) -> None:
+        """Allocate and bind caches for the groups above; ``first_group`` is the index of the first."""
+
+    @abstractmethod
+    def propose(self, inp: ProposerInput) -> ProposerOutput:
+        ...
+
+
+_REGISTRY = {
+    "ngram": ("eyas.spec.ngram", "NgramProposer"),
+    "draft_model": ("eyas.spec.draft_model", "DraftModelProposer"),
+}
+
+
+def proposer_methods() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def proposer_class(method: str) -> type[Proposer]:
+    if method not in _REGISTRY:
+        raise ValueError(f"speculative_config.method: '{method}' is not one of {', '.join(proposer_methods())}")
+    module, cls = _REGISTRY[method]
+    return getattr(importlib.import_module(module), cls)

@@ -1,0 +1,73 @@
+"""The real default model (SmolLM2-135M-Instruct from the shipped GGUF) against HF transformers."""
+
+import pytest
+import torch
+
+from eyas import LLM, SamplingParams
+
+pytestmark = pytest.mark.slow
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about falcons.",
+    "Explain what a hash table is in two sentences.",
+    "List three prime numbers greater than 50.",
+    "Translate 'good morning' into Spanish and German.",
+    "Why is the sky blue?",
+    "Give me a Python function that reverses a string.",
+    "Summarise the plot of Romeo and Juliet in one paragraph, please, with the key events in order.",
+    "hi",
+]
+NEW_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def real():
+    llm = LLM(None, dtype="float32", max_model_len=1024, kv_cache_gb=0.25)
+    tok = llm.get_tokenizer()
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]), add_special_tokens=False)
+               for q in QUESTIONS]
+    return llm, prompts
+
+
+@pytest.fixture(scope="module")
+def hf_reference(real):
+    import transformers
+
+    llm, prompts = real
+    model = transformers.AutoModelForCausalLM.from_pretrained(llm.engine.config.model.path, dtype=torch.float32)
+    refs = []
+    for p in prompts:
+        out = model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+        refs.append(out[0, len(p):].tolist())
+    return refs
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+
+
+def test_greedy_batch1_matches_hf(real, hf_reference):
+    llm, prompts = real
+    for p, ref in zip(prompts, hf_reference):
+        assert llm.generate([p], GREEDY, use_tqdm=False)[0].outputs[0].token_ids == ref
+
+
+def test_greedy_batched_mixed_lengths_matches_hf(real, hf_reference):
+    llm, prompts = real
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == hf_reference
+
+
+def test_real_model_preemption_and_chunking_keep_outputs(real, hf_reference):
+    _, prompts = real
+    llm = LLM(None, dtype="float32", max_model_len=256, num_kv_blocks=24, max_num_batched_tokens=32)
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == hf_reference
+
+
+def test_chat_and_text(real):
+    llm, _ = real
+    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                   SamplingParams(temperature=0, max_tokens=24))[0]
+    assert "Paris" in out.outputs[0].text
