@@ -121,6 +121,13 @@ class EngineConfig:
     seed: int = 0
     speculative: Any = None  # eyas.spec.config.SpeculativeConfig, set by the speculative issue
 
+    @property
+    def max_positions(self) -> int:
+        """Rotary table size: max_model_len plus room for a drafter's lookahead positions."""
+        from eyas.spec.config import MAX_SPECULATIVE_TOKENS
+
+        return self.scheduler.max_model_len + MAX_SPECULATIVE_TOKENS + 1
+
     @staticmethod
     def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
         """``"auto"``: bfloat16 on CUDA; float32 on CPU (CPUs without AVX512-BF16 emulate bf16)."""

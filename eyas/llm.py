@@ -15,6 +15,7 @@ from eyas.engine.outputs import RequestOutput
 from eyas.model.resolve import resolve_model
 from eyas.model.tokenizer import Tokenizer
 from eyas.sampling.params import SamplingParams
+from eyas.spec.config import SpeculativeConfig
 
 Prompt = str | list[int]
 Conversation = list[dict]
@@ -59,11 +60,15 @@ class LLM:
             dtype=EngineConfig.resolve_dtype(dtype, dev),
             device=dev,
             seed=seed,
-            speculative=speculative_config,
+            speculative=SpeculativeConfig.from_dict(speculative_config) if speculative_config else None,
         )
         self.tokenizer = Tokenizer.from_folder(path)
         self.engine = Engine(config, self.tokenizer, attention_backend)
         self._ids = itertools.count()
+
+    def stats(self) -> dict:
+        """Engine-wide speculation metrics: drafted, accepted, mean acceptance length, per position."""
+        return self.engine.stats()
 
     def get_tokenizer(self) -> Tokenizer:
         return self.tokenizer

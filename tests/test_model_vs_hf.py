@@ -5,6 +5,7 @@ import torch
 import transformers
 
 from eyas import LLM, SamplingParams
+from eyas.runner.model_runner import RunnerOutput
 
 
 @torch.inference_mode()
@@ -17,7 +18,7 @@ def _eyas_logits_by_chunks(llm: LLM, token_ids: list[int]) -> torch.Tensor:
         plan = engine.scheduler.schedule()
         out, _ = engine.runner.forward(plan)
         rows.append(engine.runner.model.compute_logits(out.hidden))
-        engine.scheduler.commit(plan, {"probe": [0]})
+        engine.scheduler.commit(plan, RunnerOutput({"probe": [0]}, {}, {}, {}))
         if plan.scheduled[0].samples:
             break
     return torch.cat(rows)
@@ -35,7 +36,7 @@ def test_prefill_and_long_cache_decode_logits_match_hf(tiny_models, arch):
     # one-shot prefill
     llm = LLM(str(path), dtype="float32", max_model_len=1024, kv_cache_gb=0.05, max_num_batched_tokens=1024)
     got = _eyas_logits_by_chunks(llm, tokens[:600])
-    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.cpu(), ref, rtol=1e-4, atol=1e-4)
     # chunked prefill (64-token chunks, crossing block boundaries) then 40 one-token decode steps
     # over a long cache: every position's logits still match
     llm = LLM(str(path), dtype="float32", max_model_len=1024, kv_cache_gb=0.05, max_num_batched_tokens=64)
@@ -48,8 +49,8 @@ def test_prefill_and_long_cache_decode_logits_match_hf(tiny_models, arch):
         rows.append(engine.runner.model.compute_logits(out.hidden))
         entry = plan.scheduled[0]
         nxt = entry.start + entry.num_new_tokens
-        engine.scheduler.commit(plan, {"probe": [tokens[nxt]]} if entry.samples else {})
-    torch.testing.assert_close(torch.cat(rows)[:600], ref, rtol=1e-4, atol=1e-4)
+        engine.scheduler.commit(plan, RunnerOutput({"probe": [tokens[nxt]]} if entry.samples else {}, {}, {}, {}))
+    torch.testing.assert_close(torch.cat(rows)[:600].cpu(), ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])

@@ -82,19 +82,19 @@ def _input(token_ids: list[list[int]], emitted: list[list[int]], num_emitted: li
         num_speculative_tokens=k,
         input_ids=torch.zeros(R, dtype=torch.int64),
         positions=torch.zeros(R, dtype=torch.int64),
-        query_start_loc=torch.arange(R + 1, dtype=torch.int32),
+        query_start_loc=torch.arange(R + 1, dtype=torch.int64),
+        sample_rows=list(range(R)),
         hidden_states=None,
         aux_hidden_states=None,
         block_tables=[[[0]] for _ in range(R)],
         seeds=torch.zeros(R, dtype=torch.int64),
-        temperatures=torch.zeros(R),
         sampling_params=[None] * R,
     )
 
 
 def test_proposer_drafts_from_history_plus_emitted():
     spec = SimpleNamespace(num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=2)
-    proposer = proposer_class("ngram")(spec, target_config=None, device="cpu")
+    proposer = proposer_class("ngram")(spec, SimpleNamespace(device=torch.device("cpu")), None)
     assert isinstance(proposer, NgramProposer) and proposer.method == "ngram"
     inp = _input(
         token_ids=[[1, 2, 3, 4, 1, 2], [9, 8, 7], [1, 2, 3], [4, 4]],

@@ -38,7 +38,8 @@ class Engine:
                 f"({needed * bytes_per_block / 2**30:.3f} GiB); raise kv_cache_gb / num_kv_blocks or lower max_model_len")
         self.runner.allocate_kv_cache(num_blocks)
         self.kv = KVCacheManager(groups, num_blocks, block_size, config.cache.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, self.kv)
+        spec = config.speculative
+        self.scheduler = Scheduler(config.scheduler, self.kv, spec.num_speculative_tokens if spec else 0)
         self.outputs = OutputProcessor(tokenizer)
         self.num_kv_blocks = num_blocks
         self._seed_rng = random.Random(config.seed)
@@ -68,7 +69,10 @@ class Engine:
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         request = self.scheduler.finish(request_id, RequestStatus.FINISHED_ABORTED)
-        return None if request is None else self.outputs.output(request)
+        if request is None:
+            return None
+        self.runner.forget(request_id)
+        return self.outputs.output(request)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -78,10 +82,18 @@ class Engine:
         if not plan.scheduled:
             return []
         result = self.runner.execute(plan)
-        changed = self.scheduler.commit(plan, result.sampled)
+        changed = self.scheduler.commit(plan, result)
+        for request_id in plan.preempted:
+            self.runner.forget(request_id)
         outputs = []
         for request in changed:
             if self.outputs.update(request, result.logprobs.get(request.request_id)):
                 self.scheduler.finish(request.request_id, RequestStatus.FINISHED_STOPPED)
+            if request.status.finished:
+                self.runner.forget(request.request_id)
             outputs.append(self.outputs.output(request))
         return outputs
+
+    def stats(self) -> dict:
+        """Engine-wide speculation totals (acceptance length, per-position acceptance, ...)."""
+        return self.scheduler.spec_stats.as_dict()

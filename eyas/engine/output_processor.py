@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from eyas.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from eyas.engine.request import Request
@@ -19,7 +19,6 @@ class _TextState:
     logprobs: list[dict[int, float]] | None = None
     stop_reason: int | str | None = None
     finished_by_stop_string: bool = False
-    spec_metrics: dict = field(default_factory=dict)
 
 
 class OutputProcessor:
@@ -69,4 +68,4 @@ class OutputProcessor:
         metrics = RequestMetrics(request.arrival_time, request.first_token_time, request.finish_time,
                                  request.num_output_tokens)
         return RequestOutput(request.request_id, state.prompt, request.prompt_token_ids, [completion], finished,
-                             metrics, request.num_cached_tokens, state.spec_metrics)
+                             metrics, request.num_cached_tokens, request.spec_stats.as_dict())

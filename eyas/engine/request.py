@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from eyas.sampling.params import SamplingParams
+from eyas.spec.metrics import SpecStats
 
 
 class RequestStatus(enum.Enum):
@@ -40,6 +41,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache on first schedule
     num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING
+    spec_stats: SpecStats = field(default_factory=SpecStats)
     first_token_time: float | None = None
     finish_time: float | None = None
 

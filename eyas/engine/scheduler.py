@@ -15,10 +15,15 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from eyas.config import SchedulerConfig
 from eyas.engine.request import Request, RequestStatus
 from eyas.kv.manager import KVCacheManager
+from eyas.spec.metrics import SpecStats
+
+if TYPE_CHECKING:
+    from eyas.runner.model_runner import RunnerOutput
 
 
 @dataclass
@@ -47,6 +52,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.drafts: dict[str, list[int]] = {}  # request id -> draft tokens to verify next step
+        self.spec_stats = SpecStats()  # engine-wide acceptance totals
 
     def add(self, request: Request) -> None:
         self.requests[request.request_id] = request
@@ -62,13 +68,13 @@ class Scheduler:
         for request in list(self.running):
             if request not in self.running:  # preempted earlier in this loop
                 continue
-            drafts = self.drafts.get(request.request_id, [])
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            drafts = drafts if num_new == request.num_tokens - request.num_computed_tokens else []
-            drafts = drafts[: max(0, budget - num_new)]
             if num_new <= 0:
                 continue
-            total = request.num_computed_tokens + num_new + len(drafts) + self.num_lookahead_tokens
+            samples = num_new == request.num_tokens - request.num_computed_tokens
+            drafts = self._usable_drafts(request, budget - num_new) if samples else []
+            lookahead = self.num_lookahead_tokens if samples else 0
+            total = request.num_computed_tokens + num_new + len(drafts) + lookahead
             while not self.kv.allocate(request.request_id, total):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -88,7 +94,9 @@ class Scheduler:
                 if request.num_preemptions == 0:
                     request.num_cached_tokens = cached
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self.kv.allocate(request.request_id, request.num_computed_tokens + num_new):
+            samples = request.num_computed_tokens + num_new == request.num_tokens
+            lookahead = self.num_lookahead_tokens if samples else 0
+            if not self.kv.allocate(request.request_id, request.num_computed_tokens + num_new + lookahead):
                 break
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
@@ -97,6 +105,13 @@ class Scheduler:
             budget -= num_new
         num_tokens = sum(s.num_new_tokens + len(s.draft_token_ids) for s in scheduled)
         return SchedulerOutput(scheduled, num_tokens, preempted)
+
+    def _usable_drafts(self, request: Request, budget: int) -> list[int]:
+        """The pending drafts that fit the token budget, max_model_len and max_tokens."""
+        drafts = self.drafts.pop(request.request_id, [])
+        room = min(budget, request.max_total_tokens - request.num_tokens - 1,
+                   request.max_output_tokens - request.num_output_tokens - 1)
+        return drafts[:max(0, room)]
 
     def _entry(self, request: Request, num_new: int, drafts: list[int]) -> ScheduledRequest:
         start = request.num_computed_tokens
@@ -112,12 +127,12 @@ class Scheduler:
         request.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def commit(self, plan: SchedulerOutput, sampled: dict[str, list[int]]) -> list[Request]:
-        """Apply one step: advance computed counts, append emitted tokens, check stops.
+    def commit(self, plan: SchedulerOutput, result: "RunnerOutput") -> list[Request]:
+        """Apply one step: advance computed counts, append emitted tokens, check stops, keep drafts.
 
-        ``sampled`` maps each sampling request to the tokens it emitted this step (one when
-        not speculating; accepted drafts plus one otherwise). Returns the requests that
-        changed (got tokens or finished).
+        ``result.sampled`` maps each sampling request to the tokens it emitted (accepted drafts
+        plus one recovered or bonus token). The KV slots of rejected drafts are freed; the
+        proposer's drafts are kept for the next step. Returns the requests that got tokens.
         """
         now = time.perf_counter()
         changed = []
@@ -127,8 +142,11 @@ class Scheduler:
             if not entry.samples:
                 self.kv.register_full_blocks(request.request_id, request.token_ids, request.num_computed_tokens)
                 continue
-            emitted = sampled[request.request_id]
-            request.num_computed_tokens += len(emitted) - 1  # accepted drafts are in the cache already
+            emitted = result.sampled[request.request_id]
+            num_accepted = len(emitted) - 1
+            request.num_computed_tokens += num_accepted  # accepted drafts are in the cache already
+            request.spec_stats.record(len(entry.draft_token_ids), num_accepted)
+            self.spec_stats.record(len(entry.draft_token_ids), num_accepted)
             if request.first_token_time is None:
                 request.first_token_time = now
             for token in emitted:
@@ -139,6 +157,11 @@ class Scheduler:
             self.kv.register_full_blocks(request.request_id, request.token_ids, request.num_computed_tokens)
             if request.status.finished:
                 self._finish(request, now)
+            else:
+                self.kv.truncate(request.request_id, request.num_tokens)  # slots of rejected drafts
+                drafts = result.drafts.get(request.request_id)
+                if drafts and request.params.speculate:
+                    self.drafts[request.request_id] = drafts
             changed.append(request)
         return changed
 

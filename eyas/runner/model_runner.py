@@ -1,4 +1,9 @@
-"""Turns a scheduler plan into tensors, runs the target, samples. The only owner of device tensors."""
+"""Turns a scheduler plan into tensors, runs the target, verifies drafts, runs the proposer.
+
+The only owner of device tensors. Sampling and verification are one path: a request that
+carries no drafts is verified with k = 0, which is plain sampling (the bonus token of an empty
+chain is the sampler's own draw at that (seed, position)).
+"""
 
 from __future__ import annotations
 
@@ -7,50 +12,67 @@ from dataclasses import dataclass
 import torch
 
 from eyas.config import EngineConfig
-from eyas.engine.scheduler import SchedulerOutput
+from eyas.engine.scheduler import ScheduledRequest, SchedulerOutput
 from eyas.kv.block_pool import NULL_BLOCK
 from eyas.kv.manager import KVCacheGroupSpec
 from eyas.model.attention import AttentionBatch, default_backend, get_backend
 from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.model.llama import ModelOutput
 from eyas.model.loader import load_model
-from eyas.sampling.sampler import LogprobsTensors, Sampler, SamplingBatch
+from eyas.sampling.rejection import VerifyResult, greedy_verify, rejection_sample, shared_noise_verify
+from eyas.sampling.sampler import Sampler, SamplingBatch
+from eyas.spec.proposer import ProposerInput, proposer_class
 
 
 @dataclass
 class RunnerOutput:
-    sampled: dict[str, list[int]]  # request id -> tokens emitted this step
+    sampled: dict[str, list[int]]  # request id -> tokens emitted this step (accepted drafts + 1)
+    num_drafts: dict[str, int]  # request id -> drafts verified this step
     logprobs: dict[str, list[dict[int, float]]]  # request id -> per emitted token {token id: logprob}
+    drafts: dict[str, list[int]]  # request id -> draft tokens proposed for the next step
+
+
+@dataclass
+class _Inputs:
+    input_ids: torch.Tensor  # [num_tokens]
+    positions: torch.Tensor  # [num_tokens]
+    query_start_loc: torch.Tensor  # [B+1] host
+    attn_metadata: dict
+    sample_rows: list[int]  # indices into plan.scheduled of the requests that sample this step
 
 
 class ModelRunner:
     def __init__(self, config: EngineConfig, attention_backend: str | None = None):
         self.config = config
         self.device = config.device
-        self.model = load_model(config.model, config.dtype, config.device, config.scheduler.max_model_len)
+        spec = config.speculative
+        self.model = load_model(config.model, config.dtype, config.device, config.max_positions)
         self.backend = get_backend(attention_backend or default_backend(config.device))
         self.sampler = Sampler()
         self.block_size = config.cache.block_size
-        self.kv_caches: list[torch.Tensor] = []
+        self.proposer = proposer_class(spec.method)(spec, config, self.model) if spec else None
+        self.verification = spec.verification if spec else "shared_noise"
+        self._draft_probs: dict[str, torch.Tensor] = {}  # request id -> [k, vocab] of its pending drafts
 
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]:
-        """The target's layers form one full-attention group."""
+        """The target's layers form group 0; a proposer may add groups of its own after it."""
         layers = self.model.attention_layers()
         cfg = self.config.model
         per_token = 2 * cfg.num_kv_heads * cfg.head_dim * self.config.dtype.itemsize * len(layers)
-        return [KVCacheGroupSpec("full_attention", tuple(f"layers.{a.layer_id}" for a in layers), per_token)]
+        groups = [KVCacheGroupSpec("target", tuple(f"layers.{a.layer_id}" for a in layers), per_token)]
+        return groups + (self.proposer.kv_cache_groups() if self.proposer else [])
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         cfg = self.config.model
         num_slots = num_blocks * self.block_size
         for layer in self.model.attention_layers():
-            cache = torch.zeros(2, num_slots, cfg.num_kv_heads, cfg.head_dim, dtype=self.config.dtype,
-                                device=self.device)  # [K/V, slots, kv_heads, head_dim]
-            layer.kv_cache = cache
-            self.kv_caches.append(cache)
+            layer.kv_cache = torch.zeros(2, num_slots, cfg.num_kv_heads, cfg.head_dim, dtype=self.config.dtype,
+                                         device=self.device)  # [K/V, slots, kv_heads, head_dim]
+        if self.proposer:
+            self.proposer.bind_kv_caches(num_blocks, self.block_size, first_group=1)
 
     @torch.inference_mode()
-    def forward(self, plan: SchedulerOutput) -> tuple[ModelOutput, "_Inputs"]:
+    def forward(self, plan: SchedulerOutput) -> tuple[ModelOutput, _Inputs]:
         """Run the target over the plan's tokens (writing their K/V into the cache)."""
         inputs = self._prepare(plan)
         with forward_context(ForwardContext(self.backend, inputs.attn_metadata)):
@@ -60,69 +82,137 @@ class ModelRunner:
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
         out, inputs = self.forward(plan)
         if not inputs.sample_rows:
-            return RunnerOutput({}, {})
-        logits = self.model.compute_logits(out.hidden[inputs.logits_index])  # [num_sampling, vocab]
-        batch = SamplingBatch.from_params([e.request.params for e in inputs.sample_rows],
-                                          [e.request.seed for e in inputs.sample_rows],
-                                          [e.request.num_tokens for e in inputs.sample_rows], self.device)
-        result = self.sampler.sample(logits, batch)
-        tokens = result.token_ids.tolist()
-        sampled = {e.request.request_id: [t] for e, t in zip(inputs.sample_rows, tokens)}
-        logprobs = self._logprobs(inputs.sample_rows, tokens, result.logprobs)
-        return RunnerOutput(sampled, logprobs)
+            return RunnerOutput({}, {}, {}, {})
+        entries = [plan.scheduled[i] for i in inputs.sample_rows]
+        k = max(len(e.draft_token_ids) for e in entries)
+        num_drafts = torch.tensor([len(e.draft_token_ids) for e in entries], dtype=torch.int64)
+        drafts = torch.zeros(len(entries), k, dtype=torch.int64)
+        for r, e in enumerate(entries):
+            drafts[r, :len(e.draft_token_ids)] = torch.tensor(e.draft_token_ids, dtype=torch.int64)
+        # rows of the verify positions: the request's last committed token, then its drafts
+        last = inputs.query_start_loc[inputs.sample_rows] + torch.tensor([e.num_new_tokens for e in entries]) - 1
+        rows = last[:, None] + torch.minimum(torch.arange(k + 1), num_drafts[:, None])  # [R, k+1]
+        logits = self.model.compute_logits(out.hidden[rows.flatten().to(self.device)])
+        logits = logits.view(len(entries), k + 1, -1)  # [R, k+1, vocab]
+        result = self._verify(entries, logits, drafts.to(self.device), num_drafts.to(self.device))
+        emitted, counts = result.output_tokens.tolist(), (result.num_accepted + 1).tolist()
+        ids = [e.request.request_id for e in entries]
+        sampled = {i: emitted[r][:counts[r]] for r, i in enumerate(ids)}
+        proposals = self._propose(plan, inputs, out, entries, result) if self.proposer else {}
+        return RunnerOutput(sampled, dict(zip(ids, num_drafts.tolist())),
+                            self._logprobs(entries, logits, emitted, counts), proposals)
 
-    def _prepare(self, plan: SchedulerOutput) -> "_Inputs":
-        input_ids, positions, q_lens, seq_lens, tables = [], [], [], [], []
-        logits_index, sample_rows = [], []
-        for entry in plan.scheduled:
+    def _verify(self, entries: list[ScheduledRequest], logits: torch.Tensor, drafts: torch.Tensor,
+                num_drafts: torch.Tensor) -> VerifyResult:
+        params = [e.request.params for e in entries]
+        if all(p.greedy for p in params):
+            return greedy_verify(logits, drafts, num_drafts)
+        num_rows, width, vocab = logits.shape
+        seeds = [e.request.seed for e in entries]
+        positions = [[e.request.num_tokens + j for j in range(width)] for e in entries]
+        batch = SamplingBatch.from_params([p for p in params for _ in range(width)],
+                                          [s for s in seeds for _ in range(width)],
+                                          [q for row in positions for q in row], self.device)
+        target = self.sampler.processed_logprobs(logits.view(-1, vocab), batch).view(num_rows, width, vocab)
+        seeds_t = torch.tensor(seeds, dtype=torch.int64, device=self.device)
+        positions_t = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        if self.verification == "shared_noise" or width == 1:
+            return shared_noise_verify(target, drafts, seeds_t, positions_t, num_drafts)
+        return rejection_sample(target, drafts, self._pending_probs(entries, width - 1, vocab), seeds_t,
+                                positions_t, num_drafts)
+
+    def _pending_probs(self, entries: list[ScheduledRequest], k: int, vocab: int) -> torch.Tensor | None:
+        """Draft probabilities of this step's drafts ([R, k, vocab]); None when the proposer gave none."""
+        stored = [self._draft_probs.pop(e.request.request_id, None) for e in entries]
+        if all(s is None for s in stored):
+            return None
+        probs = torch.zeros(len(entries), k, vocab, device=self.device)
+        for r, (e, s) in enumerate(zip(entries, stored)):
+            n = len(e.draft_token_ids)
+            if s is None:  # drafts without probabilities count as one-hot
+                probs[r, torch.arange(n), torch.tensor(e.draft_token_ids)] = 1.0
+            else:
+                probs[r, :n] = s[:n]
+        return probs
+
+    def _propose(self, plan: SchedulerOutput, inputs: _Inputs, out: ModelOutput, entries: list[ScheduledRequest],
+                 result: VerifyResult) -> dict[str, list[int]]:
+        inp = ProposerInput(
+            token_ids=[e.request.token_ids for e in entries],
+            emitted=result.output_tokens,
+            num_emitted=result.num_accepted + 1,
+            num_speculative_tokens=self.config.speculative.num_speculative_tokens,
+            input_ids=inputs.input_ids,
+            positions=inputs.positions,
+            query_start_loc=inputs.query_start_loc,
+            sample_rows=inputs.sample_rows,
+            hidden_states=out.hidden if self.proposer.needs_hidden_states else None,
+            aux_hidden_states=out.aux_hidden,
+            block_tables=[e.block_tables for e in plan.scheduled],
+            seeds=torch.tensor([e.request.seed for e in entries], dtype=torch.int64, device=self.device),
+            sampling_params=[e.request.params for e in entries],
+        )
+        proposal = self.proposer.propose(inp)
+        tokens, counts = proposal.draft_token_ids.tolist(), proposal.num_drafts.tolist()
+        drafts = {}
+        for r, e in enumerate(entries):
+            request_id = e.request.request_id
+            drafts[request_id] = tokens[r][:counts[r]]
+            if proposal.draft_probs is not None and self.verification == "rejection":
+                self._draft_probs[request_id] = proposal.draft_probs[r, :counts[r]]
+        return drafts
+
+    def forget(self, request_id: str) -> None:
+        """Drop per-request device state of a finished or preempted request."""
+        self._draft_probs.pop(request_id, None)
+
+    def _prepare(self, plan: SchedulerOutput) -> _Inputs:
+        input_ids, positions, q_lens, seq_lens, tables, sample_rows = [], [], [], [], [], []
+        for i, entry in enumerate(plan.scheduled):
             request, start, n = entry.request, entry.start, entry.num_new_tokens
-            input_ids += request.token_ids[start:start + n]
-            positions.extend(range(start, start + n))
-            q_lens.append(n)
-            seq_lens.append(start + n)
+            fed = request.token_ids[start:start + n] + entry.draft_token_ids
+            input_ids += fed
+            positions.extend(range(start, start + len(fed)))
+            q_lens.append(len(fed))
+            seq_lens.append(start + len(fed))
             tables.append(entry.block_tables)
             if entry.samples:
-                logits_index.append(len(input_ids) - 1)
-                sample_rows.append(entry)
+                sample_rows.append(i)
         positions_t = torch.tensor(positions, dtype=torch.int64)
         query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int64)
         query_start_loc[1:] = torch.tensor(q_lens).cumsum(0)
         seq_lens_t = torch.tensor(seq_lens, dtype=torch.int64)
         req_of_token = torch.repeat_interleave(torch.arange(len(q_lens)), torch.tensor(q_lens))
-        attn_metadata = {}
-        for group in range(len(tables[0])):
-            width = max(len(t[group]) for t in tables)
-            block_table = torch.full((len(tables), width), NULL_BLOCK, dtype=torch.int64)
-            for row, t in enumerate(tables):
-                block_table[row, :len(t[group])] = torch.tensor(t[group], dtype=torch.int64)
-            slot_mapping = (block_table[req_of_token, positions_t // self.block_size] * self.block_size
-                            + positions_t % self.block_size)  # [num_tokens]
-            batch = AttentionBatch(query_start_loc, seq_lens_t, block_table, slot_mapping, self.block_size)
-            attn_metadata[group] = self.backend.build_metadata(batch, self.device)
+        width = max(len(t[0]) for t in tables)
+        block_table = torch.full((len(tables), width), NULL_BLOCK, dtype=torch.int64)
+        for row, t in enumerate(tables):
+            block_table[row, :len(t[0])] = torch.tensor(t[0], dtype=torch.int64)
+        slot_mapping = (block_table[req_of_token, positions_t // self.block_size] * self.block_size
+                        + positions_t % self.block_size)  # [num_tokens]
+        batch = AttentionBatch(query_start_loc, seq_lens_t, block_table, slot_mapping, self.block_size)
+        attn_metadata = {0: self.backend.build_metadata(batch, self.device)}
         return _Inputs(torch.tensor(input_ids, dtype=torch.int64, device=self.device),
-                       positions_t.to(self.device), attn_metadata,
-                       torch.tensor(logits_index, dtype=torch.int64, device=self.device), sample_rows)
+                       positions_t.to(self.device), query_start_loc, attn_metadata, sample_rows)
 
-    @staticmethod
-    def _logprobs(rows, tokens: list[int], lp: LogprobsTensors | None) -> dict[str, list[dict[int, float]]]:
-        if lp is None:
+    def _logprobs(self, entries: list[ScheduledRequest], logits: torch.Tensor, emitted: list[list[int]],
+                  counts: list[int]) -> dict[str, list[dict[int, float]]]:
+        """Raw-distribution logprobs (log_softmax of the logits) of each emitted token plus the top-n."""
+        wanted = [r for r, e in enumerate(entries) if e.request.params.logprobs is not None]
+        if not wanted:
             return {}
-        sampled, top_ids, top_lps = lp.sampled_logprobs.tolist(), lp.top_token_ids.tolist(), lp.top_logprobs.tolist()
+        n = max(entries[r].request.params.logprobs for r in wanted)
+        logp = torch.log_softmax(logits[wanted], dim=-1)  # [W, k+1, vocab]
+        top_lp, top_ids = logp.topk(max(n, 1), dim=-1)
+        token_lp = logp.gather(-1, torch.tensor([emitted[r] for r in wanted], device=self.device).clamp(min=0)
+                               .unsqueeze(-1)).squeeze(-1)
+        top_lp, top_ids, token_lp = top_lp.tolist(), top_ids.tolist(), token_lp.tolist()
         out = {}
-        for i, entry in enumerate(rows):
-            n = entry.request.params.logprobs
-            if n is None:
-                continue
-            entry_lps = dict(zip(top_ids[i][:n], top_lps[i][:n]))
-            entry_lps[tokens[i]] = sampled[i]
-            out[entry.request.request_id] = [entry_lps]
+        for w, r in enumerate(wanted):
+            size = entries[r].request.params.logprobs
+            per_token = []
+            for j in range(counts[r]):
+                entry = dict(zip(top_ids[w][j][:size], top_lp[w][j][:size]))
+                entry[emitted[r][j]] = token_lp[w][j]
+                per_token.append(entry)
+            out[entries[r].request.request_id] = per_token
         return out
-
-
-@dataclass
-class _Inputs:
-    input_ids: torch.Tensor  # [num_tokens]
-    positions: torch.Tensor  # [num_tokens]
-    attn_metadata: dict
-    logits_index: torch.Tensor  # [num_sampling] row of the hidden states each sampling request reads
-    sample_rows: list

@@ -21,6 +21,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n logprobs per token, plus the sampled one (0: it only)
     skip_special_tokens: bool = True
+    speculate: bool = True  # False: this request opts out of speculative decoding
 
     def __post_init__(self) -> None:
         def bad(field: str, value: object, allowed: str) -> ValueError:

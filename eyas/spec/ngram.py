@@ -61,11 +61,11 @@ class NgramProposer(Proposer):
 
     method = "ngram"
 
-    def __init__(self, spec_config, target_config, device: torch.device | str):
+    def __init__(self, spec_config, engine_config, target):
         self.k = spec_config.num_speculative_tokens
         self.min_n = spec_config.prompt_lookup_min
         self.max_n = spec_config.prompt_lookup_max
-        self.device = torch.device(device)
+        self.device = engine_config.device
 
     def propose(self, inp: ProposerInput) -> ProposerOutput:
         R, k = len(inp.token_ids), self.k

@@ -16,27 +16,28 @@ import torch
 
 @dataclass
 class ProposerInput:
-    """Everything any proposer may need, for the R requests that sampled this step (row order fixed).
+    """Everything any proposer may need. Rows r = 0..R-1 are the requests that sampled this step.
 
-    The target's verification forward laid the batch out as ``num_tokens`` tokens; request r owns
-    ``query_start_loc[r]:query_start_loc[r+1]`` of it (its prompt chunk or last token, then its
-    drafts). ``emitted`` holds the tokens verification emitted per request; ``num_emitted`` how many.
+    The target's verification forward laid out all B scheduled requests back to back: request b
+    owns tokens ``query_start_loc[b]:query_start_loc[b+1]`` (a prompt chunk, or its last token
+    followed by its drafts); ``sample_rows[r]`` is the b of row r. Partial prefill chunks are in
+    the layout too, so a drafter with its own KV cache can keep it in step with the target.
     """
 
     token_ids: list[list[int]]  # [R] host: committed history (prompt + outputs), emitted tokens NOT included
-    emitted: torch.Tensor  # [R, k+1] int64, tokens emitted this step, padded with -1
+    emitted: torch.Tensor  # [R, k'+1] int64, tokens emitted this step, padded with -1
     num_emitted: torch.Tensor  # [R] int64 (accepted drafts + 1)
-    num_speculative_tokens: int  # k
-    # the verification forward, for drafters that reuse it (hidden-state drafters, draft models)
+    num_speculative_tokens: int  # k, the number of drafts to propose
+    # the verification forward, for drafters that reuse it
     input_ids: torch.Tensor  # [num_tokens]
     positions: torch.Tensor  # [num_tokens]
-    query_start_loc: torch.Tensor  # [R+1] host, offsets of each sampling request in the layout
+    query_start_loc: torch.Tensor  # [B+1] host
+    sample_rows: list[int]  # [R] index b of each sampling row in the layout
     hidden_states: torch.Tensor | None  # [num_tokens, hidden] target's last (normed) hidden states
     aux_hidden_states: torch.Tensor | None  # [num_tokens, num_aux, hidden]
-    block_tables: list[list[list[int]]]  # [R][group] host block tables (the scheduler's, read-only)
-    # sampling state: draft j of request r is verified at sequence index num_tokens(r) + num_emitted(r) + j
+    block_tables: list[list[list[int]]]  # [B][group] host block tables (the scheduler's, read-only)
+    # sampling: draft j of row r is verified at sequence index len(token_ids[r]) + num_emitted[r] + j
     seeds: torch.Tensor  # [R] int64
-    temperatures: torch.Tensor  # [R] float32 (0 = greedy)
     sampling_params: list[Any]  # [R] SamplingParams
 
 
@@ -53,6 +54,10 @@ class Proposer(ABC):
     method: ClassVar[str]
     needs_hidden_states: ClassVar[bool] = False  # target's last hidden states of the verification forward
     aux_layer_ids: tuple[int, ...] = ()  # target aux layers it reads (vLLM convention)
+
+    @classmethod
+    def validate_config(cls, config) -> None:
+        """Method-specific checks of a SpeculativeConfig; raise ValueError naming the field."""
 
     def kv_cache_groups(self) -> list:
         """Extra KV-cache groups (eyas.kv.manager.KVCacheGroupSpec) this proposer's layers need."""

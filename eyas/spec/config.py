@@ -1,0 +1,61 @@
+"""``speculative_config``: which drafter, how many draft tokens, how drafts are verified."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+MAX_SPECULATIVE_TOKENS = 16
+VERIFICATION_MODES = ("rejection", "shared_noise")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Validated speculative settings.
+
+    ``verification``: ``"rejection"`` (Leviathan et al.; drafts without probabilities count
+    as one-hot; output follows the target distribution) or ``"shared_noise"`` (target and drafter
+    share the seeded Gumbel noise; output is token-identical to the same seeded request without
+    speculation). Greedy requests take an exact-match fast path under both.
+    """
+
+    method: str
+    num_speculative_tokens: int
+    verification: str = "shared_noise"
+    prompt_lookup_min: int = 2  # n-gram
+    prompt_lookup_max: int = 4
+    model: str | None = None  # draft model (HF folder or .gguf)
+    draft_num_layers: int | None = None  # self-speculation with the target's first layers
+
+    @classmethod
+    def from_dict(cls, config: dict | "SpeculativeConfig") -> "SpeculativeConfig":
+        if isinstance(config, SpeculativeConfig):
+            return config
+        if not isinstance(config, dict):
+            raise ValueError(f"speculative_config: expected a dict, got {type(config).__name__}")
+        allowed = {f.name for f in fields(cls)}
+        unknown = sorted(set(config) - allowed)
+        if unknown:
+            raise ValueError(f"speculative_config: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+        if "method" not in config:
+            raise ValueError("speculative_config.method: missing (e.g. 'ngram' or 'draft_model')")
+        if "num_speculative_tokens" not in config:
+            raise ValueError("speculative_config.num_speculative_tokens: missing (e.g. 4)")
+        return cls(**config)
+
+    def __post_init__(self):
+        from eyas.spec.proposer import proposer_class
+
+        proposer = proposer_class(self.method)  # raises with the list of methods
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"speculative_config.num_speculative_tokens: {k!r} must be an int in "
+                             f"[1, {MAX_SPECULATIVE_TOKENS}]")
+        if self.verification not in VERIFICATION_MODES:
+            raise ValueError(f"speculative_config.verification: '{self.verification}' is not one of "
+                             f"{', '.join(VERIFICATION_MODES)}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(f"speculative_config.prompt_lookup_min/max: need 1 <= min <= max, got "
+                             f"{self.prompt_lookup_min}, {self.prompt_lookup_max}")
+        if self.draft_num_layers is not None and self.draft_num_layers < 1:
+            raise ValueError(f"speculative_config.draft_num_layers: {self.draft_num_layers} must be >= 1")
+        proposer.validate_config(self)
