@@ -44,7 +44,8 @@ def _paged_batch(gen: torch.Generator, layout: list[tuple[int, int]]) -> Attenti
     req = torch.repeat_interleave(torch.arange(len(layout)), q_lens)
     pos = torch.cat([torch.arange(c, c + q) for q, c in layout])
     slot_mapping = block_table[req, pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE
-    return AttentionBatch(query_start_loc, seq_lens, block_table, slot_mapping, BLOCK_SIZE)
+    return AttentionBatch(query_start_loc, seq_lens, block_table, slot_mapping, BLOCK_SIZE,
+                          int(q_lens.max()), int(seq_lens.max()))
 
 
 def _reference(q, k, v, kv_cache, batch: AttentionBatch):
@@ -63,6 +64,25 @@ def _reference(q, k, v, kv_cache, batch: AttentionBatch):
         scores = scores.masked_fill(pos[None, None, :] > q_pos[None, :, None], float("-inf"))
         out.append(torch.einsum("hts,shd->thd", scores.softmax(-1), values))
     return torch.cat(out), cache
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+@torch.inference_mode()
+def test_sdpa_matches_reference_on_paged_layouts(device):
+    gen = torch.Generator().manual_seed(1)
+    sdpa = get_backend("sdpa")
+    for layout in LAYOUTS:
+        batch = _paged_batch(gen, layout)
+        num_tokens = int(batch.query_start_loc[-1])
+        q = torch.randn(num_tokens, HEADS, HEAD_DIM, generator=gen)
+        k, v = (torch.randn(num_tokens, KV_HEADS, HEAD_DIM, generator=gen) for _ in range(2))
+        kv_cache = torch.randn(2, NUM_BLOCKS * BLOCK_SIZE, KV_HEADS, HEAD_DIM, generator=gen)
+        ref, ref_cache = _reference(q, k, v, kv_cache, batch)
+        dev = torch.device(device)
+        cache = kv_cache.to(dev)
+        got = sdpa.forward(q.to(dev), k.to(dev), v.to(dev), cache, sdpa.build_metadata(batch, dev))
+        torch.testing.assert_close(got.cpu().double(), ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(cache.cpu().double(), ref_cache, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=needs_cuda), pytest.param("cpu", marks=flex_cpu)])

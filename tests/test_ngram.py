@@ -83,6 +83,7 @@ def _input(token_ids: list[list[int]], emitted: list[list[int]], num_emitted: li
         input_ids=torch.zeros(R, dtype=torch.int64),
         positions=torch.zeros(R, dtype=torch.int64),
         query_start_loc=torch.arange(R + 1, dtype=torch.int64),
+        seq_lens=torch.ones(R, dtype=torch.int64),
         sample_rows=list(range(R)),
         hidden_states=None,
         aux_hidden_states=None,

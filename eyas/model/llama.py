@@ -86,12 +86,15 @@ class LlamaForCausalLM(nn.Module):
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn for layer in self.layers]
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
-        """input_ids, positions: [num_tokens]. Aux id k = the stream entering layer k (vLLM convention)."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, num_layers: int | None = None) -> ModelOutput:
+        """input_ids, positions: [num_tokens]. Aux id k = the stream entering layer k (vLLM convention).
+
+        ``num_layers`` runs only the first layers, then the final norm (a self-speculation drafter).
+        """
         h = self.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.rotary.table(positions, h.dtype)
         aux = []
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.layers[:num_layers]):
             if i in self.aux_layer_ids:
                 aux.append(h)
             h = layer(h, cos, sin)

@@ -37,6 +37,7 @@ class _Inputs:
     input_ids: torch.Tensor  # [num_tokens]
     positions: torch.Tensor  # [num_tokens]
     query_start_loc: torch.Tensor  # [B+1] host
+    seq_lens: torch.Tensor  # [B] host
     attn_metadata: dict
     sample_rows: list[int]  # indices into plan.scheduled of the requests that sample this step
 
@@ -82,6 +83,9 @@ class ModelRunner:
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
         out, inputs = self.forward(plan)
         if not inputs.sample_rows:
+            if self.proposer:  # a drafter with its own cache still sees every prompt chunk
+                self._propose(plan, inputs, out, [], VerifyResult(torch.zeros(0, 1, dtype=torch.int64),
+                                                                  torch.zeros(0, dtype=torch.int64)))
             return RunnerOutput({}, {}, {}, {})
         entries = [plan.scheduled[i] for i in inputs.sample_rows]
         k = max(len(e.draft_token_ids) for e in entries)
@@ -130,7 +134,7 @@ class ModelRunner:
         for r, (e, s) in enumerate(zip(entries, stored)):
             n = len(e.draft_token_ids)
             if s is None:  # drafts without probabilities count as one-hot
-                probs[r, torch.arange(n), torch.tensor(e.draft_token_ids)] = 1.0
+                probs[r, torch.arange(n), torch.tensor(e.draft_token_ids, dtype=torch.int64)] = 1.0
             else:
                 probs[r, :n] = s[:n]
         return probs
@@ -145,6 +149,7 @@ class ModelRunner:
             input_ids=inputs.input_ids,
             positions=inputs.positions,
             query_start_loc=inputs.query_start_loc,
+            seq_lens=inputs.seq_lens,
             sample_rows=inputs.sample_rows,
             hidden_states=out.hidden if self.proposer.needs_hidden_states else None,
             aux_hidden_states=out.aux_hidden,
@@ -189,10 +194,11 @@ class ModelRunner:
             block_table[row, :len(t[0])] = torch.tensor(t[0], dtype=torch.int64)
         slot_mapping = (block_table[req_of_token, positions_t // self.block_size] * self.block_size
                         + positions_t % self.block_size)  # [num_tokens]
-        batch = AttentionBatch(query_start_loc, seq_lens_t, block_table, slot_mapping, self.block_size)
+        batch = AttentionBatch(query_start_loc, seq_lens_t, block_table, slot_mapping, self.block_size,
+                               max(q_lens), max(seq_lens))
         attn_metadata = {0: self.backend.build_metadata(batch, self.device)}
         return _Inputs(torch.tensor(input_ids, dtype=torch.int64, device=self.device),
-                       positions_t.to(self.device), query_start_loc, attn_metadata, sample_rows)
+                       positions_t.to(self.device), query_start_loc, seq_lens_t, attn_metadata, sample_rows)
 
     def _logprobs(self, entries: list[ScheduledRequest], logits: torch.Tensor, emitted: list[list[int]],
                   counts: list[int]) -> dict[str, list[dict[int, float]]]:

@@ -32,6 +32,7 @@ class ProposerInput:
     input_ids: torch.Tensor  # [num_tokens]
     positions: torch.Tensor  # [num_tokens]
     query_start_loc: torch.Tensor  # [B+1] host
+    seq_lens: torch.Tensor  # [B] host, context length of each request after the verification forward
     sample_rows: list[int]  # [R] index b of each sampling row in the layout
     hidden_states: torch.Tensor | None  # [num_tokens, hidden] target's last (normed) hidden states
     aux_hidden_states: torch.Tensor | None  # [num_tokens, num_aux, hidden]

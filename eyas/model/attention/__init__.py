@@ -24,6 +24,8 @@ class AttentionBatch:
     block_table: torch.Tensor  # [B, max_blocks] int64
     slot_mapping: torch.Tensor  # [num_tokens] int64, cache slot each token's K/V goes to
     block_size: int
+    max_query_len: int  # host-side bounds, so metadata can be built from device tensors without a sync
+    max_seq_len: int
 
 
 class AttentionBackend(ABC):

@@ -32,17 +32,21 @@ class SdpaBackend(AttentionBackend):
 
     def build_metadata(self, batch: AttentionBatch, device: torch.device) -> SdpaMetadata:
         qsl, seq_lens, bs = batch.query_start_loc, batch.seq_lens, batch.block_size
+        on = seq_lens.device
         q_lens = qsl[1:] - qsl[:-1]  # [B]
-        num_reqs, max_q, max_kv = len(seq_lens), int(q_lens.max()), int(seq_lens.max())
-        j = torch.arange(max_q)
+        num_reqs, num_tokens = len(seq_lens), len(batch.slot_mapping)
+        max_q, max_kv = batch.max_query_len, batch.max_seq_len
+        j = torch.arange(max_q, device=on)
         q_index = (qsl[:-1, None] + torch.minimum(j, q_lens[:, None] - 1))  # [B, max_q]
-        token_req = torch.repeat_interleave(torch.arange(num_reqs), q_lens)  # [T]
-        out_index = token_req * max_q + (torch.arange(int(qsl[-1])) - qsl[:-1][token_req])
-        kv_pos = torch.arange(max_kv)
-        kv_slots = batch.block_table.gather(1, (kv_pos // bs).expand(num_reqs, -1)) * bs + kv_pos % bs
+        token_req = torch.repeat_interleave(torch.arange(num_reqs, device=on), q_lens, output_size=num_tokens)
+        out_index = token_req * max_q + (torch.arange(num_tokens, device=on) - qsl[:-1][token_req])  # [T]
+        kv_pos = torch.arange(max_kv, device=on)
+        width = batch.block_table.shape[1]
+        block_of = (kv_pos // bs).clamp(max=width - 1).expand(num_reqs, -1)
+        kv_slots = batch.block_table.gather(1, block_of) * bs + kv_pos % bs
         kv_slots = torch.where(kv_pos < seq_lens[:, None], kv_slots, 0)  # [B, max_kv]
         mask = None
-        if not (num_reqs == 1 and int(q_lens[0]) == max_kv):  # anything but a fresh single prefill
+        if not (num_reqs == 1 and max_q == max_kv):  # anything but a fresh single prefill
             q_pos = (seq_lens - q_lens)[:, None] + j  # [B, max_q]
             mask = kv_pos[None, None, :] <= q_pos[:, :, None]  # causal within the context
             mask |= (j[None, :, None] >= q_lens[:, None, None]) & (kv_pos == 0)  # padded rows see key 0
