@@ -1,0 +1,181 @@
+"""Speculative decoding is lossless: outputs equal non-speculative outputs; metrics are exact."""
+
+import pytest
+import torch
+
+from eyas import LLM, SamplingParams
+from eyas.spec import proposer as proposer_module
+from eyas.spec.proposer import Proposer, ProposerOutput
+
+GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+SEEDED = SamplingParams(temperature=0.8, top_p=0.95, seed=11, max_tokens=40, ignore_eos=True)
+
+
+def _prompts(n=8, seed=3, repeat=True):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        p = torch.randint(0, 256, (int(torch.randint(3, 60, (1,), generator=g)),), generator=g).tolist()
+        out.append(p + p if repeat else p)  # repeated text gives the n-gram matcher something to find
+    return out
+
+
+def _tokens(outs):
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.fixture(scope="module")
+def spec_models(tmp_path_factory):
+    from tiny_models import make_tiny_model
+
+    root = tmp_path_factory.mktemp("spec")
+    return {"target": make_tiny_model(root / "target", "llama", num_hidden_layers=4),
+            "draft": make_tiny_model(root / "draft", "qwen3", seed=5, num_hidden_layers=1)}
+
+
+METHODS = {
+    "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+    "self_draft": {"method": "draft_model", "num_speculative_tokens": 3, "draft_num_layers": 2},
+    "draft_model": {"method": "draft_model", "num_speculative_tokens": 3, "model": "DRAFT"},
+}
+
+
+def _spec_config(name, spec_models, **over):
+    cfg = dict(METHODS[name])
+    if cfg.get("model") == "DRAFT":
+        cfg["model"] = str(spec_models["draft"])
+    cfg.update(over)
+    return cfg
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_speculative_equals_plain_greedy_and_seeded(spec_models, method):
+    target = str(spec_models["target"])
+    prompts = _prompts()
+    plain = LLM(target, dtype="float32", max_model_len=256, kv_cache_gb=0.02)
+    ref_greedy = _tokens(plain.generate(prompts, GREEDY, use_tqdm=False))
+    ref_seeded = _tokens(plain.generate(prompts, SEEDED, use_tqdm=False))
+    settings = [dict(kv_cache_gb=0.02),  # batch 8 with prefix caching on
+                dict(num_kv_blocks=28, max_num_batched_tokens=32, block_size=8 * 2),  # preemption + chunking
+                dict(kv_cache_gb=0.02, block_size=8)]  # drafts crossing many block boundaries
+    for kw in settings:
+        llm = LLM(target, dtype="float32", max_model_len=256, speculative_config=_spec_config(method, spec_models), **kw)
+        assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == ref_greedy
+        assert _tokens(llm.generate(prompts[:1], GREEDY, use_tqdm=False)) == ref_greedy[:1]  # batch 1
+        assert _tokens(llm.generate(prompts, SEEDED, use_tqdm=False)) == ref_seeded  # shared-noise matching
+        assert llm.stats()["num_drafted"] > 0
+        # nothing leaks once every request finished: no tables, no referenced blocks, all blocks free
+        assert not llm.engine.kv.tables
+        assert all(sum(pool.ref_counts) == 0 and pool.num_free == pool.num_blocks - 1 for pool in llm.engine.kv.pools)
+
+
+def test_rejection_mode_keeps_greedy_and_counts(spec_models):
+    target = str(spec_models["target"])
+    prompts = _prompts(4)
+    ref = _tokens(LLM(target, dtype="float32", max_model_len=256, kv_cache_gb=0.02).generate(prompts, GREEDY,
+                                                                                               use_tqdm=False))
+    llm = LLM(target, dtype="float32", max_model_len=256, kv_cache_gb=0.02,
+              speculative_config=_spec_config("draft_model", spec_models, verification="rejection"))
+    assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == ref
+    outs = llm.generate(prompts, SEEDED, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 40 for o in outs)
+
+
+def test_draft_model_identical_to_target_accepts_everything(spec_models):
+    """A draft model equal to the target proposes the target's own tokens: with greedy and with
+    shared noise every draft is accepted, which only holds if the draft's catch-up cache, positions
+    and noise keys line up exactly with the target's."""
+    target = str(spec_models["target"])
+    llm = LLM(target, dtype="float32", max_model_len=256, kv_cache_gb=0.02, max_num_batched_tokens=24,
+              speculative_config={"method": "draft_model", "num_speculative_tokens": 3, "model": target})
+    for params in (GREEDY, SEEDED):
+        outs = llm.generate(_prompts(4, repeat=False), params, use_tqdm=False)
+        for o in outs:
+            m = o.spec_metrics
+            assert m["acceptance_rate"] == 1.0 and m["per_position_acceptance"] == [1.0, 1.0, 1.0], m
+            assert m["num_drafted"] >= 27  # 40 tokens: 1 from the prefill, then steps of 4 (the last cut short)
+
+
+def test_mixed_batch_with_opt_out_and_prefills(spec_models):
+    target = str(spec_models["target"])
+    prompts = _prompts(6)
+    plain = LLM(target, dtype="float32", max_model_len=256, kv_cache_gb=0.02)
+    params = [GREEDY, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, speculate=False)] * 3
+    ref = _tokens(plain.generate(prompts, params, use_tqdm=False))
+    llm = LLM(target, dtype="float32", max_model_len=256, kv_cache_gb=0.02, max_num_batched_tokens=40,
+              speculative_config=_spec_config("ngram", spec_models))
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert _tokens(outs) == ref
+    assert all(o.spec_metrics["num_drafted"] == 0 for o in outs[1::2])  # opted out
+    assert sum(o.spec_metrics["num_drafted"] for o in outs[0::2]) > 0
+
+
+class OracleProposer(Proposer):
+    """Drafts [true, true, wrong] continuations of the reference output: exactly 2 of 3 accepted."""
+
+    method = "oracle"
+    reference: dict = {}
+
+    def __init__(self, spec, config, target):
+        self.k = spec.num_speculative_tokens
+
+    def propose(self, inp):
+        rows, counts = [], []
+        emitted, num = inp.emitted.tolist(), inp.num_emitted.tolist()
+        for r, history in enumerate(inp.token_ids):
+            full = history + emitted[r][:num[r]]
+            ref = next(v for key, v in self.reference.items() if full[:len(key)] == list(key))
+            start = len(full) - len(next(key for key in self.reference if full[:len(key)] == list(key)))
+            true = ref[start:start + 2]
+            rows.append(true + [(ref[start + 2] + 1) % 256 if start + 2 < len(ref) else 0])
+            counts.append(3 if len(true) == 2 else 0)
+        return ProposerOutput(torch.tensor(rows, dtype=torch.int64), torch.tensor(counts, dtype=torch.int64))
+
+
+def test_metrics_are_exact_on_a_constructed_case(spec_models, monkeypatch):
+    target = str(spec_models["target"])
+    prompts = _prompts(2, repeat=False)
+    params = SamplingParams(temperature=0, max_tokens=31, ignore_eos=True)
+    ref = _tokens(LLM(target, dtype="float32", max_model_len=256, kv_cache_gb=0.02).generate(prompts, params,
+                                                                                               use_tqdm=False))
+    monkeypatch.setitem(proposer_module._REGISTRY, "oracle", (__name__, "OracleProposer"))
+    OracleProposer.reference = {tuple(p): r for p, r in zip(prompts, ref)}
+    llm = LLM(target, dtype="float32", max_model_len=256, kv_cache_gb=0.02,
+              speculative_config={"method": "oracle", "num_speculative_tokens": 3})
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert _tokens(outs) == ref
+    # 31 tokens: the prefill emits 1; steps 1-9 verify [true, true, wrong], accept 2, emit 3 (-> 28);
+    # step 10 has room for 3 more tokens, so only 2 drafts are verified, both accepted (-> 31).
+    # drafted 9*3 + 2 = 29, accepted 10*2 = 20, acceptance length (20 + 10) / 10 = 3.0
+    for o in outs:
+        m = o.spec_metrics
+        assert m["num_steps"] == 10 and m["num_drafted"] == 29 and m["num_accepted"] == 20
+        assert m["mean_acceptance_length"] == 3.0 and m["per_position_acceptance"] == [1.0, 1.0, 0.0]
+    totals = llm.stats()
+    assert totals["num_drafted"] == 58 and totals["num_accepted"] == 40
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"method": "eagle9", "num_speculative_tokens": 2}, "method: 'eagle9' is not one of draft_model, ngram"),
+    ({"method": "ngram", "num_speculative_tokens": 0}, r"num_speculative_tokens: 0 must be an int in \[1, 16\]"),
+    ({"method": "ngram", "num_speculative_tokens": 17}, "num_speculative_tokens: 17"),
+    ({"method": "ngram"}, "num_speculative_tokens: missing"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "verification": "magic"}, "verification: 'magic'"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "colour": 1}, r"unknown key\(s\) \['colour'\]"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 2},
+     "prompt_lookup_min/max"),
+    ({"method": "draft_model", "num_speculative_tokens": 2}, "needs exactly one of 'model'"),
+    ({"method": "draft_model", "num_speculative_tokens": 2, "draft_num_layers": 9}, "draft_num_layers: 9 must be below"),
+])
+def test_bad_speculative_config(spec_models, config, message):
+    with pytest.raises(ValueError, match=message):
+        LLM(str(spec_models["target"]), max_model_len=256, kv_cache_gb=0.02, speculative_config=config)
+
+
+def test_draft_model_with_other_vocabulary_is_refused(spec_models, tmp_path):
+    from tiny_models import make_tiny_model
+
+    other = make_tiny_model(tmp_path / "other", "llama", vocab_size=400, num_hidden_layers=1)
+    with pytest.raises(ValueError, match="draft vocabulary size 400 differs from the target's 320"):
+        LLM(str(spec_models["target"]), max_model_len=256, kv_cache_gb=0.02,
+            speculative_config={"method": "draft_model", "num_speculative_tokens": 2, "model": str(other)})
