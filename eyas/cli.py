@@ -19,6 +19,15 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-gb", type=float, default=1.0, help="memory budget of the paged KV cache")
     g.add_argument("--no-prefix-caching", action="store_true")
     g.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads)")
+    s = parser.add_argument_group("speculative decoding")
+    s.add_argument("--spec-method", default=None, help="ngram or draft_model (default: no speculation)")
+    s.add_argument("--spec-tokens", type=int, default=4, help="draft tokens per step (k)")
+    s.add_argument("--spec-verification", default=None, choices=["rejection", "shared_noise"])
+    s.add_argument("--spec-model", default=None, help="draft model folder or .gguf (draft_model)")
+    s.add_argument("--spec-draft-layers", type=int, default=None,
+                   help="self-speculation with the target's first N layers (draft_model)")
+    s.add_argument("--spec-lookup-min", type=int, default=None, help="ngram: smallest n-gram to match")
+    s.add_argument("--spec-lookup-max", type=int, default=None, help="ngram: largest n-gram to match")
 
 
 def _sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -31,13 +40,33 @@ def _sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
     g.add_argument("--seed", type=int, default=None)
 
 
+def _spec_config(args) -> dict | None:
+    if args.spec_method is None:
+        return None
+    config = {"method": args.spec_method, "num_speculative_tokens": args.spec_tokens}
+    optional = {"verification": args.spec_verification, "model": args.spec_model,
+                "draft_num_layers": args.spec_draft_layers, "prompt_lookup_min": args.spec_lookup_min,
+                "prompt_lookup_max": args.spec_lookup_max}
+    config.update({key: value for key, value in optional.items() if value is not None})
+    return config
+
+
 def _make_llm(args):
     from eyas import LLM
 
     return LLM(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                kv_cache_gb=args.kv_cache_gb, enable_prefix_caching=not args.no_prefix_caching,
-               num_threads=args.threads)
+               num_threads=args.threads, speculative_config=_spec_config(args))
+
+
+def _spec_line(metrics: dict) -> str:
+    if not metrics.get("num_steps"):
+        return ""
+    per_position = " ".join(f"{a:.2f}" for a in metrics["per_position_acceptance"])
+    return (f"speculation: drafted {metrics['num_drafted']}, accepted {metrics['num_accepted']} "
+            f"({metrics['acceptance_rate']:.0%}), mean acceptance length {metrics['mean_acceptance_length']:.2f}, "
+            f"per position [{per_position}]")
 
 
 def _params(args, **over):
@@ -73,6 +102,8 @@ def cmd_generate(args) -> int:
         outs = llm.generate([_render(llm, p, args.raw) for p in prompts], params)
         for p, o in zip(prompts, outs):
             print(f"### {p}\n{o.outputs[0].text}\n")
+        if _spec_line(llm.stats()):
+            print(_spec_line(llm.stats()), file=sys.stderr)
         return 0
     text = ""
     out = None
@@ -86,6 +117,8 @@ def cmd_generate(args) -> int:
         tpot = m.time_per_output_token
         print(f"[{n} tokens, finish={out.outputs[0].finish_reason}, ttft={m.time_to_first_token * 1e3:.0f} ms"
               + (f", {1 / tpot:.1f} tok/s decode]" if tpot else "]"), file=sys.stderr)
+        if _spec_line(out.spec_metrics):
+            print(f"[{_spec_line(out.spec_metrics)}]", file=sys.stderr)
     return 0
 
 
@@ -132,6 +165,8 @@ def cmd_bench(args) -> int:
     print(f"elapsed: {elapsed:.2f} s  output throughput: {generated / elapsed:.1f} tok/s  "
           f"total throughput: {(generated + prompt_tokens) / elapsed:.1f} tok/s")
     print(f"median time to first token: {ttft[len(ttft) // 2] * 1e3:.0f} ms")
+    if _spec_line(llm.stats()):
+        print(_spec_line(llm.stats()))
     return 0
 
 

@@ -141,7 +141,7 @@ def test_metrics_are_exact_on_a_constructed_case(spec_models, monkeypatch):
     monkeypatch.setitem(proposer_module._REGISTRY, "oracle", (__name__, "OracleProposer"))
     OracleProposer.reference = {tuple(p): r for p, r in zip(prompts, ref)}
     llm = LLM(target, dtype="float32", max_model_len=256, kv_cache_gb=0.02,
-              speculative_config={"method": "oracle", "num_speculative_tokens": 3})
+              speculative_config={"method": "oracle", "num_speculative_tokens": 3, "adaptive_draft_length": False})
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert _tokens(outs) == ref
     # 31 tokens: the prefill emits 1; steps 1-9 verify [true, true, wrong], accept 2, emit 3 (-> 28);
@@ -179,3 +179,46 @@ def test_draft_model_with_other_vocabulary_is_refused(spec_models, tmp_path):
     with pytest.raises(ValueError, match="draft vocabulary size 400 differs from the target's 320"):
         LLM(str(spec_models["target"]), max_model_len=256, kv_cache_gb=0.02,
             speculative_config={"method": "draft_model", "num_speculative_tokens": 2, "model": str(other)})
+
+
+def test_adaptive_draft_budget_follows_the_documented_example():
+    from eyas.spec.adaptive import DraftBudget
+
+    b = DraftBudget.start(4)
+    seen = []
+    for drafted, accepted in [(4, 4), (4, 1), (3, 0)]:
+        assert b.take() == drafted
+        b.update(drafted, accepted)
+        seen.append(b.limit)
+    assert seen == [4, 3, 2] and b.take() == 0 and b.take() == 2  # one paused step
+    b.update(2, 0)
+    assert b.limit == 1 and [b.take() for _ in range(4)] == [0, 0, 0, 1]  # three paused steps
+    b.update(1, 1)
+    assert b.limit == 3 and b.misses == 0 and b.take() == 3
+
+
+def test_adaptive_drafting_backs_off_when_drafts_are_useless(spec_models, monkeypatch):
+    """A proposer that is always wrong costs few verified drafts with the adaptive policy."""
+    monkeypatch.setitem(proposer_module._REGISTRY, "wrong", (__name__, "WrongProposer"))
+    prompts = _prompts(2, repeat=False)
+    counts = {}
+    for adaptive in (False, True):
+        llm = LLM(str(spec_models["target"]), dtype="float32", max_model_len=256, kv_cache_gb=0.02,
+                  speculative_config={"method": "wrong", "num_speculative_tokens": 4,
+                                      "adaptive_draft_length": adaptive})
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True), use_tqdm=False)
+        counts[adaptive] = llm.stats()["num_drafted"]
+    assert counts[False] > 4 * 60 and counts[True] < counts[False] / 8
+
+
+class WrongProposer(Proposer):
+    method = "wrong"
+
+    def __init__(self, spec, config, target):
+        self.k = spec.num_speculative_tokens
+
+    def propose(self, inp):
+        rows = len(inp.token_ids)
+        last = torch.tensor([t[-1] for t in inp.token_ids], dtype=torch.int64) if rows else torch.zeros(0)
+        drafts = ((last[:, None] + 1 + torch.arange(self.k)) % 7 + 300).to(torch.int64)  # ids the model never picks
+        return ProposerOutput(drafts, torch.full((rows,), self.k, dtype=torch.int64))

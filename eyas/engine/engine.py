@@ -38,8 +38,7 @@ class Engine:
                 f"({needed * bytes_per_block / 2**30:.3f} GiB); raise kv_cache_gb / num_kv_blocks or lower max_model_len")
         self.runner.allocate_kv_cache(num_blocks)
         self.kv = KVCacheManager(groups, num_blocks, block_size, config.cache.enable_prefix_caching)
-        spec = config.speculative
-        self.scheduler = Scheduler(config.scheduler, self.kv, spec.num_speculative_tokens if spec else 0)
+        self.scheduler = Scheduler(config.scheduler, self.kv, config.speculative)
         self.outputs = OutputProcessor(tokenizer)
         self.num_kv_blocks = num_blocks
         self._seed_rng = random.Random(config.seed)

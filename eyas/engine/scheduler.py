@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING
 from eyas.config import SchedulerConfig
 from eyas.engine.request import Request, RequestStatus
 from eyas.kv.manager import KVCacheManager
+from eyas.spec.adaptive import DraftBudget
 from eyas.spec.metrics import SpecStats
 
 if TYPE_CHECKING:
     from eyas.runner.model_runner import RunnerOutput
+    from eyas.spec.config import SpeculativeConfig
 
 
 @dataclass
@@ -44,10 +46,12 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, num_lookahead_tokens: int = 0):
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, speculative: "SpeculativeConfig | None" = None):
         self.config = config
         self.kv = kv
-        self.num_lookahead_tokens = num_lookahead_tokens
+        self.speculative = speculative
+        self.num_lookahead_tokens = speculative.num_speculative_tokens if speculative else 0
+        self.budgets: dict[str, DraftBudget] = {}  # request id -> adaptive draft length
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -107,10 +111,15 @@ class Scheduler:
         return SchedulerOutput(scheduled, num_tokens, preempted)
 
     def _usable_drafts(self, request: Request, budget: int) -> list[int]:
-        """The pending drafts that fit the token budget, max_model_len and max_tokens."""
+        """The pending drafts that fit the adaptive limit, the token budget, max_model_len and max_tokens."""
         drafts = self.drafts.pop(request.request_id, [])
+        if self.speculative is None:
+            return []
         room = min(budget, request.max_total_tokens - request.num_tokens - 1,
                    request.max_output_tokens - request.num_output_tokens - 1)
+        if self.speculative.adaptive_draft_length:
+            k = self.speculative.num_speculative_tokens
+            room = min(room, self.budgets.setdefault(request.request_id, DraftBudget.start(k)).take())
         return drafts[:max(0, room)]
 
     def _entry(self, request: Request, num_new: int, drafts: list[int]) -> ScheduledRequest:
@@ -146,6 +155,8 @@ class Scheduler:
             num_accepted = len(emitted) - 1
             request.num_computed_tokens += num_accepted  # accepted drafts are in the cache already
             request.spec_stats.record(len(entry.draft_token_ids), num_accepted)
+            if request.request_id in self.budgets:
+                self.budgets[request.request_id].update(len(entry.draft_token_ids), num_accepted)
             self.spec_stats.record(len(entry.draft_token_ids), num_accepted)
             if request.first_token_time is None:
                 request.first_token_time = now
@@ -193,4 +204,5 @@ class Scheduler:
         request.finish_time = now
         self.kv.free(request.request_id)
         self.drafts.pop(request.request_id, None)
+        self.budgets.pop(request.request_id, None)
         del self.requests[request.request_id]

@@ -21,6 +21,7 @@ class SpeculativeConfig:
     method: str
     num_speculative_tokens: int
     verification: str = "shared_noise"
+    adaptive_draft_length: bool = True  # shrink/pause drafting when drafts keep being rejected (spec/adaptive.py)
     prompt_lookup_min: int = 2  # n-gram
     prompt_lookup_max: int = 4
     model: str | None = None  # draft model (HF folder or .gguf)

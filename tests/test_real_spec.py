@@ -1,0 +1,56 @@
+"""Speculative decoding on the real default model: token-identical to plain greedy decoding."""
+
+import json
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from eyas import LLM, SamplingParams
+
+pytestmark = pytest.mark.slow
+NEW_TOKENS = 32
+PARAMS = SamplingParams(temperature=0, max_tokens=NEW_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    plain = LLM(None, dtype="float32", max_model_len=512, kv_cache_gb=0.1)
+    tok = plain.get_tokenizer()
+    from eyas.data.prompts import copy_prompts
+
+    convs = copy_prompts(3) + [[{"role": "user", "content": q}] for q in
+                               ["What is the capital of France?", "Write a haiku about rain.",
+                                "Name three colours.", "Count from 1 to 10.", "hi"]]
+    prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False)[-300:] for c in convs]
+    reference = [o.outputs[0].token_ids for o in plain.generate(prompts, PARAMS, use_tqdm=False)]
+    # a smaller sibling with the same vocabulary: the default model's first 6 layers, saved as its own folder
+    folder = plain.engine.config.model.path
+    small = tmp_path_factory.mktemp("sibling")
+    config = json.loads((folder / "config.json").read_text())
+    config["num_hidden_layers"] = 6
+    (small / "config.json").write_text(json.dumps(config))
+    weights = {k: v for k, v in load_file(folder / "model.safetensors").items()
+               if not k.startswith("model.layers.") or int(k.split(".")[2]) < 6}
+    save_file(weights, small / "model.safetensors")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (small / name).write_bytes((folder / name).read_bytes())
+    return prompts, reference, str(small)
+
+
+@pytest.mark.parametrize("method", ["ngram", "self_draft", "draft_model"])
+def test_real_model_speculative_greedy_is_identical(setup, method):
+    prompts, reference, sibling = setup
+    config = {"ngram": {"method": "ngram", "num_speculative_tokens": 4},
+              "self_draft": {"method": "draft_model", "num_speculative_tokens": 3, "draft_num_layers": 8},
+              "draft_model": {"method": "draft_model", "num_speculative_tokens": 3, "model": sibling}}[method]
+    llm = LLM(None, dtype="float32", max_model_len=512, kv_cache_gb=0.1, speculative_config=config)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)] == reference  # batch 8
+    assert llm.generate(prompts[:1], PARAMS, use_tqdm=False)[0].outputs[0].token_ids == reference[0]  # batch 1
+    # again, now hitting the prefix cache for every prompt
+    outs = llm.generate(prompts, PARAMS, use_tqdm=False)
+    assert all(o.num_cached_tokens > 0 for o in outs if len(o.prompt_token_ids) > 16)
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    assert llm.stats()["num_accepted"] > 0
+    tight = LLM(None, dtype="float32", max_model_len=384, num_kv_blocks=40, max_num_batched_tokens=64,
+                speculative_config=config)  # forced preemption
+    assert [o.outputs[0].token_ids for o in tight.generate(prompts, PARAMS, use_tqdm=False)] == reference
