@@ -66,18 +66,23 @@ def _reference(q, k, v, kv_cache, batch: AttentionBatch):
     return torch.cat(out), cache
 
 
+def _case(gen: torch.Generator, layout: list[tuple[int, int]]):
+    """A random paged batch: q/k/v, a random cache, and the reference output and cache."""
+    batch = _paged_batch(gen, layout)
+    num_tokens = int(batch.query_start_loc[-1])
+    q = torch.randn(num_tokens, HEADS, HEAD_DIM, generator=gen)
+    k, v = (torch.randn(num_tokens, KV_HEADS, HEAD_DIM, generator=gen) for _ in range(2))
+    kv_cache = torch.randn(2, NUM_BLOCKS * BLOCK_SIZE, KV_HEADS, HEAD_DIM, generator=gen)
+    return (batch, q, k, v, kv_cache, *_reference(q, k, v, kv_cache, batch))
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
 @torch.inference_mode()
 def test_sdpa_matches_reference_on_paged_layouts(device):
     gen = torch.Generator().manual_seed(1)
     sdpa = get_backend("sdpa")
     for layout in LAYOUTS:
-        batch = _paged_batch(gen, layout)
-        num_tokens = int(batch.query_start_loc[-1])
-        q = torch.randn(num_tokens, HEADS, HEAD_DIM, generator=gen)
-        k, v = (torch.randn(num_tokens, KV_HEADS, HEAD_DIM, generator=gen) for _ in range(2))
-        kv_cache = torch.randn(2, NUM_BLOCKS * BLOCK_SIZE, KV_HEADS, HEAD_DIM, generator=gen)
-        ref, ref_cache = _reference(q, k, v, kv_cache, batch)
+        batch, q, k, v, kv_cache, ref, ref_cache = _case(gen, layout)
         dev = torch.device(device)
         cache = kv_cache.to(dev)
         got = sdpa.forward(q.to(dev), k.to(dev), v.to(dev), cache, sdpa.build_metadata(batch, dev))
@@ -92,12 +97,7 @@ def test_flex_matches_reference_and_sdpa_on_paged_layouts(device):
     flex, sdpa = get_backend("flex"), get_backend("sdpa")
     graphs_before = counters["stats"]["unique_graphs"]
     for layout in LAYOUTS:
-        batch = _paged_batch(gen, layout)
-        num_tokens = int(batch.query_start_loc[-1])
-        q = torch.randn(num_tokens, HEADS, HEAD_DIM, generator=gen)
-        k, v = (torch.randn(num_tokens, KV_HEADS, HEAD_DIM, generator=gen) for _ in range(2))
-        kv_cache = torch.randn(2, NUM_BLOCKS * BLOCK_SIZE, KV_HEADS, HEAD_DIM, generator=gen)
-        ref, ref_cache = _reference(q, k, v, kv_cache, batch)
+        batch, q, k, v, kv_cache, ref, ref_cache = _case(gen, layout)
         dev = torch.device(device)
         q, k, v = q.to(dev), k.to(dev), v.to(dev)
         flex_cache, sdpa_cache = kv_cache.to(dev), kv_cache.to(dev)
