@@ -1,11 +1,15 @@
-"""CPU attention backend: gather each request's paged K/V into a padded batch, then SDPA.
+"""CPU attention backend: gather paged K/V, then SDPA.
 
-Example: two requests, block_size 4, request 0 decodes its 6th token (q_len 1, seq_len 6),
-request 1 prefills 3 tokens (q_len 3, seq_len 3). Then max_q = 3, max_kv = 6,
-``q_index`` = [[0, 0, 0], [1, 2, 3]] (padding repeats a real row), ``kv_slots`` row 0 =
-slots of positions 0..5 from its block table, row 1 = positions 0..2 then padding slot 0,
-and the mask lets query j of request b (at position seq_len - q_len + j) see keys
-0..position. Padded query rows see key 0 only, so no row is fully masked.
+Requests with short queries (decodes, verification chains of k+1 tokens) are attended together
+as one padded batch; requests with long queries (prefill chunks) are attended one at a time,
+unpadded, so a batch of prompts of very different lengths wastes no work on padding.
+
+Padded-batch example: two requests, block_size 4, request 0 decodes its 6th token (q_len 1,
+seq_len 6), request 1 verifies 3 tokens (q_len 3, seq_len 9). Then max_q = 3, max_kv = 9,
+``q_index`` = [[0, 0, 0], [1, 2, 3]] (padding repeats a real row), ``kv_slots`` row 0 = slots of
+positions 0..5 from its block table then padding slot 0, and the mask lets query j of request b
+(at position seq_len - q_len + j) see keys 0..position. Padded query rows see key 0 only, so no
+row is fully masked.
 """
 
 from __future__ import annotations
@@ -17,51 +21,114 @@ import torch.nn.functional as F
 
 from eyas.model.attention import AttentionBackend, AttentionBatch
 
+LONG_QUERY = 32  # queries longer than this are attended per request, without padding
+
+
+@dataclass
+class _Padded:
+    token_index: torch.Tensor | None  # [N] flat tokens of the short requests; None = all T tokens, in order
+    q_index: torch.Tensor  # [B, max_q] flat token index of each padded query
+    out_index: torch.Tensor  # [N] padded row (b * max_q + j) of each token in token_index
+    kv_slots: torch.Tensor  # [B, max_kv] cache slot of each context position
+    mask: torch.Tensor  # [B, 1, max_q, max_kv] bool
+
+
+@dataclass
+class _Single:
+    start: int  # the request's tokens are start:end of the flat batch
+    end: int
+    kv_slots: torch.Tensor  # [seq_len]
+    mask: torch.Tensor | None  # [1, 1, q_len, seq_len] bool; None = fresh prefill (plain causal)
+
 
 @dataclass
 class SdpaMetadata:
     slot_mapping: torch.Tensor  # [T]
-    q_index: torch.Tensor  # [B, max_q] flat token index of each padded query
-    out_index: torch.Tensor  # [T] padded row (b * max_q + j) of each token
-    kv_slots: torch.Tensor  # [B, max_kv] cache slot of each context position
-    mask: torch.Tensor | None  # [B, 1, max_q, max_kv] bool, None = plain causal single request
+    padded: _Padded | None
+    singles: list[_Single]
+
+
+def _slots(block_table_row: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    return block_table_row[positions // block_size] * block_size + positions % block_size
 
 
 class SdpaBackend(AttentionBackend):
     name = "sdpa"
 
     def build_metadata(self, batch: AttentionBatch, device: torch.device) -> SdpaMetadata:
+        singles: list[_Single] = []
+        short = None  # all requests, unless some queries are long (then only the host knows which)
+        if batch.max_query_len > LONG_QUERY:
+            qsl, seq_lens = batch.query_start_loc.tolist(), batch.seq_lens.tolist()
+            short = []
+            for b, seq_len in enumerate(seq_lens):
+                start, end = qsl[b], qsl[b + 1]
+                if end - start <= LONG_QUERY:
+                    short.append(b)
+                    continue
+                kv_pos = torch.arange(seq_len)
+                q_pos = torch.arange(seq_len - (end - start), seq_len)
+                mask = None if end - start == seq_len else (kv_pos[None, :] <= q_pos[:, None])[None, None].to(device)
+                singles.append(_Single(start, end, _slots(batch.block_table[b], kv_pos, batch.block_size).to(device),
+                                       mask))
+        padded = self._padded(batch, short, device) if short is None or short else None
+        return SdpaMetadata(batch.slot_mapping.to(device), padded, singles)
+
+    @staticmethod
+    def _padded(batch: AttentionBatch, rows: list[int] | None, device: torch.device) -> _Padded:
         qsl, seq_lens, bs = batch.query_start_loc, batch.seq_lens, batch.block_size
-        on = seq_lens.device
-        q_lens = qsl[1:] - qsl[:-1]  # [B]
-        num_reqs, num_tokens = len(seq_lens), len(batch.slot_mapping)
+        block_table = batch.block_table
         max_q, max_kv = batch.max_query_len, batch.max_seq_len
+        starts, q_lens = qsl[:-1], qsl[1:] - qsl[:-1]
+        if rows is not None:  # a host-side subset of the requests
+            starts, q_lens, seq_lens, block_table = starts[rows], q_lens[rows], seq_lens[rows], block_table[rows]
+            max_q, max_kv = int(q_lens.max()), int(seq_lens.max())
+        on = seq_lens.device
+        num_reqs = len(seq_lens)
         j = torch.arange(max_q, device=on)
-        q_index = (qsl[:-1, None] + torch.minimum(j, q_lens[:, None] - 1))  # [B, max_q]
-        token_req = torch.repeat_interleave(torch.arange(num_reqs, device=on), q_lens, output_size=num_tokens)
-        out_index = token_req * max_q + (torch.arange(num_tokens, device=on) - qsl[:-1][token_req])  # [T]
+        q_index = starts[:, None] + torch.minimum(j, q_lens[:, None] - 1)  # [B, max_q]
+        real = j[None, :] < q_lens[:, None]  # [B, max_q]
+        if rows is not None:
+            token_index = q_index[real]  # [N], host tensors: no device sync
+            out_index = (torch.arange(num_reqs)[:, None] * max_q + j)[real]
+        else:  # every token, in order: index arithmetic only, so device inputs never sync
+            num_tokens = len(batch.slot_mapping)
+            token_req = torch.repeat_interleave(torch.arange(num_reqs, device=on), q_lens, output_size=num_tokens)
+            token_index = None
+            out_index = token_req * max_q + torch.arange(num_tokens, device=on) - starts[token_req]  # [T]
         kv_pos = torch.arange(max_kv, device=on)
-        width = batch.block_table.shape[1]
-        block_of = (kv_pos // bs).clamp(max=width - 1).expand(num_reqs, -1)
-        kv_slots = batch.block_table.gather(1, block_of) * bs + kv_pos % bs
+        block_of = (kv_pos // bs).clamp(max=block_table.shape[1] - 1).expand(num_reqs, -1)
+        kv_slots = block_table.gather(1, block_of) * bs + kv_pos % bs
         kv_slots = torch.where(kv_pos < seq_lens[:, None], kv_slots, 0)  # [B, max_kv]
-        mask = None
-        if not (num_reqs == 1 and max_q == max_kv):  # anything but a fresh single prefill
-            q_pos = (seq_lens - q_lens)[:, None] + j  # [B, max_q]
-            mask = kv_pos[None, None, :] <= q_pos[:, :, None]  # causal within the context
-            mask |= (j[None, :, None] >= q_lens[:, None, None]) & (kv_pos == 0)  # padded rows see key 0
-            mask = mask.unsqueeze(1).to(device)
-        return SdpaMetadata(batch.slot_mapping.to(device), q_index.to(device), out_index.to(device),
-                            kv_slots.to(device), mask)
+        q_pos = (seq_lens - q_lens)[:, None] + j  # [B, max_q]
+        mask = kv_pos[None, None, :] <= q_pos[:, :, None]  # causal within the context
+        mask |= ~real[:, :, None] & (kv_pos == 0)  # padded rows see key 0
+        return _Padded(None if token_index is None else token_index.to(device), q_index.to(device),
+                       out_index.to(device), kv_slots.to(device), mask.unsqueeze(1).to(device))
 
     def forward(self, q, k, v, kv_cache, meta: SdpaMetadata):
-        num_tokens, num_heads, head_dim = q.shape
+        num_heads, head_dim = q.shape[1], q.shape[2]
         k_cache, v_cache = kv_cache[0], kv_cache[1]  # [num_slots, KVH, D]
         k_cache.index_copy_(0, meta.slot_mapping, k)
         v_cache.index_copy_(0, meta.slot_mapping, v)
-        qp = q[meta.q_index].transpose(1, 2)  # [B, H, max_q, D]
-        kp = k_cache[meta.kv_slots].transpose(1, 2)  # [B, KVH, max_kv, D]
-        vp = v_cache[meta.kv_slots].transpose(1, 2)
-        out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=meta.mask, is_causal=meta.mask is None,
-                                             enable_gqa=True)  # [B, H, max_q, D]
-        return out.transpose(1, 2).reshape(-1, num_heads, head_dim)[meta.out_index]
+        out = None
+        if meta.padded is not None:
+            p = meta.padded
+            qp = q[p.q_index].transpose(1, 2)  # [B, H, max_q, D]
+            kp = k_cache[p.kv_slots].transpose(1, 2)  # [B, KVH, max_kv, D]
+            vp = v_cache[p.kv_slots].transpose(1, 2)
+            res = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, enable_gqa=True)
+            res = res.transpose(1, 2).reshape(-1, num_heads, head_dim)[p.out_index]
+            if p.token_index is None:
+                return res
+            out = torch.empty_like(q)
+            out[p.token_index] = res
+        out = torch.empty_like(q) if out is None else out
+        for s in meta.singles:
+            qs = q[s.start:s.end].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
+            ks = k_cache[s.kv_slots].transpose(0, 1).unsqueeze(0)  # [1, KVH, seq_len, D]
+            vs = v_cache[s.kv_slots].transpose(0, 1).unsqueeze(0)
+            res = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=s.mask, is_causal=s.mask is None,
+                                                 enable_gqa=True)
+            out[s.start:s.end] = res[0].transpose(0, 1)
+        return out
