@@ -105,8 +105,8 @@ def spec_counters(llm) -> dict[str, int]:
 
 def cpu_seconds() -> float | None:
     """User+system CPU time of this process and all its descendants (vLLM's engine core and
-    worker run in child processes). Unlike wall time, it barely moves when other programs
-    share the machine, so it is the steadier number on a busy box."""
+    worker run in child processes). It counts busy-polling too (the engine core and OpenMP
+    threads may spin), so it can exceed wall time: a hint of contention, not a compute time."""
     try:
         import psutil
 
