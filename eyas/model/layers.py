@@ -9,6 +9,23 @@ import torch.nn.functional as F
 from torch import nn
 
 
+class Linear(nn.Linear):
+    """``nn.Linear`` whose multi-row float32 CPU matmul is computed as ``weight @ x.T``.
+
+    On the project's AVX2 CPUs, BLAS runs ``x @ weight.T`` with 2-32 rows 1.5-2.3x slower than the
+    same product with the weight as the left operand (measured over SmolLM2-135M's weights: 5 rows
+    130 ms -> 57 ms, 32 rows 175 ms -> 97 ms; 1 row is the same either way). Batched decode and
+    speculative verification (k+1 rows per request) live in exactly that range; large prefill
+    batches are faster the usual way.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and 1 < x.shape[0] <= 32 and x.dtype == torch.float32 and x.device.type == "cpu":
+            out = torch.mm(self.weight, x.t()).t()
+            return out + self.bias if self.bias is not None else out.contiguous()
+        return F.linear(x, self.weight, self.bias)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -24,8 +41,8 @@ class GatedMLP(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, bias=False)
+        self.down_proj = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
