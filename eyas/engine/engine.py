@@ -38,7 +38,9 @@ class Engine:
                 f"({needed * bytes_per_block / 2**30:.3f} GiB); raise kv_cache_gb / num_kv_blocks or lower max_model_len")
         self.runner.allocate_kv_cache(num_blocks)
         self.kv = KVCacheManager(groups, num_blocks, block_size, config.cache.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, self.kv, config.speculative)
+        spec = config.speculative
+        self.scheduler = Scheduler(config.scheduler, self.kv, spec,
+                                   spec.step_token_limit(config.device.type) if spec else None)
         self.outputs = OutputProcessor(tokenizer)
         self.num_kv_blocks = num_blocks
         self._seed_rng = random.Random(config.seed)

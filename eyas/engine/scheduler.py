@@ -46,10 +46,12 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, speculative: "SpeculativeConfig | None" = None):
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, speculative: "SpeculativeConfig | None" = None,
+                 draft_step_tokens: int | None = None):
         self.config = config
         self.kv = kv
         self.speculative = speculative
+        self.draft_step_tokens = draft_step_tokens  # None = drafts are limited by the token budget only
         self.num_lookahead_tokens = speculative.num_speculative_tokens if speculative else 0
         self.budgets: dict[str, DraftBudget] = {}  # request id -> adaptive draft length
         self.waiting: deque[Request] = deque()
@@ -69,6 +71,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
+        draft_room = budget if self.draft_step_tokens is None else max(0, self.draft_step_tokens - len(self.running))
         for request in list(self.running):
             if request not in self.running:  # preempted earlier in this loop
                 continue
@@ -76,7 +79,8 @@ class Scheduler:
             if num_new <= 0:
                 continue
             samples = num_new == request.num_tokens - request.num_computed_tokens
-            drafts = self._usable_drafts(request, budget - num_new) if samples else []
+            drafts = self._usable_drafts(request, min(budget - num_new, draft_room)) if samples else []
+            draft_room -= len(drafts)
             lookahead = self.num_lookahead_tokens if samples else 0
             total = request.num_computed_tokens + num_new + len(drafts) + lookahead
             while not self.kv.allocate(request.request_id, total):

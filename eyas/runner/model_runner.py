@@ -21,7 +21,7 @@ from eyas.model.llama import ModelOutput
 from eyas.model.loader import load_model
 from eyas.sampling.rejection import VerifyResult, greedy_verify, rejection_sample, shared_noise_verify
 from eyas.sampling.sampler import Sampler, SamplingBatch
-from eyas.spec.proposer import ProposerInput, proposer_class
+from eyas.spec.proposer import ProposerInput, ProposerOutput, proposer_class
 
 
 @dataclass
@@ -99,10 +99,12 @@ class ModelRunner:
         logits = self.model.compute_logits(out.hidden[rows.flatten().to(self.device)])
         logits = logits.view(len(entries), k + 1, -1)  # [R, k+1, vocab]
         result = self._verify(entries, logits, drafts.to(self.device), num_drafts.to(self.device))
+        # drafting is queued before the first device-to-host copy of the verification result
+        proposal = self._propose(plan, inputs, out, entries, result) if self.proposer else None
         emitted, counts = result.output_tokens.tolist(), (result.num_accepted + 1).tolist()
         ids = [e.request.request_id for e in entries]
         sampled = {i: emitted[r][:counts[r]] for r, i in enumerate(ids)}
-        proposals = self._propose(plan, inputs, out, entries, result) if self.proposer else {}
+        proposals = self._collect(entries, proposal) if proposal is not None else {}
         return RunnerOutput(sampled, dict(zip(ids, num_drafts.tolist())),
                             self._logprobs(entries, logits, emitted, counts), proposals)
 
@@ -140,7 +142,7 @@ class ModelRunner:
         return probs
 
     def _propose(self, plan: SchedulerOutput, inputs: _Inputs, out: ModelOutput, entries: list[ScheduledRequest],
-                 result: VerifyResult) -> dict[str, list[int]]:
+                 result: VerifyResult) -> ProposerOutput:
         inp = ProposerInput(
             token_ids=[e.request.token_ids for e in entries],
             emitted=result.output_tokens,
@@ -157,7 +159,10 @@ class ModelRunner:
             seeds=torch.tensor([e.request.seed for e in entries], dtype=torch.int64, device=self.device),
             sampling_params=[e.request.params for e in entries],
         )
-        proposal = self.proposer.propose(inp)
+        return self.proposer.propose(inp)
+
+    def _collect(self, entries: list[ScheduledRequest], proposal) -> dict[str, list[int]]:
+        """Copy the proposal to the host; keep draft probabilities on the device for rejection mode."""
         tokens, counts = proposal.draft_token_ids.tolist(), proposal.num_drafts.tolist()
         drafts = {}
         for r, e in enumerate(entries):

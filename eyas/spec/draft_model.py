@@ -104,8 +104,8 @@ class DraftModelProposer(Proposer):
         qsl, seq_lens = inp.query_start_loc, inp.seq_lens
         q_lens = qsl[1:] - qsl[:-1]
         table = self._block_table([t[self.group] for t in inp.block_tables])
-        positions = inp.positions.cpu()
         req = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens)
+        positions = (seq_lens - q_lens)[req] + torch.arange(int(qsl[-1])) - qsl[:-1][req]  # host, no sync
         slots = table[req, positions // self.block_size] * self.block_size + positions % self.block_size
         batch = AttentionBatch(qsl, seq_lens, table, slots, self.block_size, int(q_lens.max()), int(seq_lens.max()))
         self._forward(inp.input_ids, inp.positions, batch)
