@@ -33,10 +33,11 @@ def spec_models(tmp_path_factory):
             "draft": make_tiny_model(root / "draft", "qwen3", seed=5, num_hidden_layers=1)}
 
 
+SHARED = {"verification": "shared_noise"}  # token-identical seeded output
 METHODS = {
-    "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
-    "self_draft": {"method": "draft_model", "num_speculative_tokens": 3, "draft_num_layers": 2},
-    "draft_model": {"method": "draft_model", "num_speculative_tokens": 3, "model": "DRAFT"},
+    "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3, **SHARED},
+    "self_draft": {"method": "draft_model", "num_speculative_tokens": 3, "draft_num_layers": 2, **SHARED},
+    "draft_model": {"method": "draft_model", "num_speculative_tokens": 3, "model": "DRAFT", **SHARED},
 }
 
 
@@ -87,7 +88,7 @@ def test_draft_model_identical_to_target_accepts_everything(spec_models):
     and noise keys line up exactly with the target's."""
     target = str(spec_models["target"])
     llm = LLM(target, dtype="float32", max_model_len=256, kv_cache_gb=0.02, max_num_batched_tokens=24,
-              speculative_config={"method": "draft_model", "num_speculative_tokens": 3, "model": target})
+              speculative_config={"method": "draft_model", "num_speculative_tokens": 3, "model": target, **SHARED})
     for params in (GREEDY, SEEDED):
         outs = llm.generate(_prompts(4, repeat=False), params, use_tqdm=False)
         for o in outs:
