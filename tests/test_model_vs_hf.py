@@ -66,3 +66,33 @@ def test_batched_greedy_generation_matches_hf(tiny_models, arch):
                           pad_token_id=0)[0, len(prompt):].tolist()
         assert out.outputs[0].token_ids == ref
         assert out.outputs[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@torch.inference_mode()
+def test_aux_hidden_states_follow_the_vllm_layer_convention(tiny_models, arch):
+    """Aux id k is the residual stream entering layer k (HF hidden_states[k]); id N is the stream
+    after the last layer, before the final norm; the last hidden state is HF's normed output."""
+    path = tiny_models[arch]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tokens = torch.randint(0, 320, (40,), generator=torch.Generator().manual_seed(4)).tolist()
+    ref = hf(torch.tensor([tokens]), output_hidden_states=True).hidden_states  # N+1 tensors of [1, T, H]
+    llm = LLM(str(path), dtype="float32", max_model_len=256, kv_cache_gb=0.02, max_num_batched_tokens=16)
+    engine = llm.engine
+    num_layers = engine.config.model.num_layers
+    engine.runner.model.aux_layer_ids = (0, 2, num_layers)
+    engine.add_request("probe", tokens, SamplingParams(max_tokens=1))
+    aux, last = [], []
+    while "probe" in engine.scheduler.requests:  # 16-token chunks
+        plan = engine.scheduler.schedule()
+        out, _ = engine.runner.forward(plan)
+        aux.append(out.aux_hidden)
+        last.append(out.hidden)
+        engine.scheduler.commit(plan, RunnerOutput({"probe": [0]} if plan.scheduled[0].samples else {}, {}, {}, {}))
+    aux, last = torch.cat(aux).cpu(), torch.cat(last).cpu()  # [T, 3, H], [T, H]
+    # HF's last hidden_states entry is already normed; the pre-norm stream N is checked through its norm
+    torch.testing.assert_close(aux[:, 0], ref[0][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(aux[:, 1], ref[2][0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(engine.runner.model.norm(aux[:, 2].to(last.device)).cpu(), ref[num_layers][0],
+                               rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(last, ref[num_layers][0], rtol=1e-4, atol=1e-4)
