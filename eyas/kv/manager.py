@@ -34,9 +34,6 @@ class KVCacheManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def can_ever_fit(self, num_tokens: int) -> bool:
-        return self.blocks_needed(num_tokens) <= self.pools[0].num_blocks - 1
-
     def lookup_prefix(self, request_id: str, token_ids: list[int]) -> int:
         """Take shared blocks for the longest cached prefix; returns the number of tokens it covers.
 
