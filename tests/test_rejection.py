@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from scipy import stats
+from stats_helpers import chi2_pvalue
 
 from eyas.sampling.params import SamplingParams
 from eyas.sampling.rejection import rejection_sample, shared_noise_verify
@@ -20,12 +20,6 @@ R = 100_000
 V = 8
 
 
-def chi2_pvalue(tokens: torch.Tensor, probs: np.ndarray) -> float:
-    counts = np.bincount(tokens.cpu().numpy(), minlength=len(probs)).astype(np.float64)
-    support = probs > 0
-    assert counts[~support].sum() == 0, f"tokens outside support: {counts[~support]}"
-    expected = probs[support] / probs[support].sum() * counts.sum()
-    return float(stats.chisquare(counts[support], expected).pvalue)
 
 
 def _dist(seed: int, vocab: int = V, zeros: int = 0) -> torch.Tensor:

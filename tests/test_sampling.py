@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from stats_helpers import chi2_pvalue
 from scipy import stats
 
 from eyas.sampling.noise import gumbel, uniform
@@ -20,13 +21,6 @@ from eyas.sampling.sampler import Sampler, SamplingBatch, gumbel_argmax
 ALPHA = 1e-3
 
 
-def chi2_pvalue(tokens: torch.Tensor, probs: np.ndarray) -> float:
-    """Chi-square goodness of fit of sampled token ids to probs; zero-prob tokens must not occur."""
-    counts = np.bincount(tokens.cpu().numpy(), minlength=len(probs)).astype(np.float64)
-    support = probs > 0
-    assert counts[~support].sum() == 0, f"sampled tokens outside support: {counts[~support]}"
-    expected = probs[support] / probs[support].sum() * counts.sum()
-    return float(stats.chisquare(counts[support], expected).pvalue)
 
 
 # ---------------------------------------------------------------------------- params

@@ -20,7 +20,7 @@ from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.model.llama import ModelOutput
 from eyas.model.loader import load_model
 from eyas.sampling.rejection import VerifyResult, greedy_verify, rejection_sample, shared_noise_verify
-from eyas.sampling.sampler import Sampler, SamplingBatch
+from eyas.sampling.sampler import Sampler, SamplingBatch, raw_logprobs
 from eyas.spec.proposer import ProposerInput, ProposerOutput, proposer_class
 
 
@@ -212,11 +212,12 @@ class ModelRunner:
         if not wanted:
             return {}
         n = max(entries[r].request.params.logprobs for r in wanted)
-        logp = torch.log_softmax(logits[wanted], dim=-1)  # [W, k+1, vocab]
-        top_lp, top_ids = logp.topk(max(n, 1), dim=-1)
-        token_lp = logp.gather(-1, torch.tensor([emitted[r] for r in wanted], device=self.device).clamp(min=0)
-                               .unsqueeze(-1)).squeeze(-1)
-        top_lp, top_ids, token_lp = top_lp.tolist(), top_ids.tolist(), token_lp.tolist()
+        width, vocab = logits.shape[1], logits.shape[2]
+        tokens = torch.tensor([emitted[r] for r in wanted], device=self.device).clamp(min=0)  # [W, k+1]
+        lp = raw_logprobs(logits[wanted].view(-1, vocab), tokens.view(-1), n)  # rows W * (k+1)
+        token_lp = lp.sampled_logprobs.view(-1, width).tolist()
+        top_ids = lp.top_token_ids.view(len(wanted), width, n).tolist()
+        top_lp = lp.top_logprobs.view(len(wanted), width, n).tolist()
         out = {}
         for w, r in enumerate(wanted):
             size = entries[r].request.params.logprobs

@@ -164,13 +164,14 @@ class Sampler:
         else:
             logprobs = self.processed_logprobs(logits, batch)
             token_ids = gumbel_argmax(logprobs, batch.seeds, batch.positions)
-        return SamplerOutput(token_ids, self._logprobs(logits, token_ids, batch.max_num_logprobs))
+        return SamplerOutput(token_ids, raw_logprobs(logits, token_ids, batch.max_num_logprobs))
 
-    @staticmethod
-    def _logprobs(logits: Tensor, token_ids: Tensor, n: int | None) -> LogprobsTensors | None:
-        if n is None:
-            return None
-        raw = torch.log_softmax(logits.to(torch.float32), dim=-1)  # [N, V]
-        top_logprobs, top_ids = torch.topk(raw, n, dim=-1)
-        sampled = raw.gather(1, token_ids[:, None]).squeeze(1)
-        return LogprobsTensors(sampled, top_ids, top_logprobs)
+
+def raw_logprobs(logits: Tensor, token_ids: Tensor, n: int | None) -> LogprobsTensors | None:
+    """Logprobs of the unprocessed distribution: each row's token [N] and its top-n ([N, n])."""
+    if n is None:
+        return None
+    raw = torch.log_softmax(logits.to(torch.float32), dim=-1)  # [N, V]
+    top_logprobs, top_ids = torch.topk(raw, n, dim=-1)
+    sampled = raw.gather(1, token_ids[:, None]).squeeze(1)
+    return LogprobsTensors(sampled, top_ids, top_logprobs)
