@@ -11,8 +11,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from stats_helpers import chi2_pvalue
 from scipy import stats
+from stats_helpers import chi2_pvalue
 
 from eyas.sampling.noise import gumbel, uniform
 from eyas.sampling.params import SamplingParams

@@ -5,13 +5,13 @@ import json
 
 import jinja2
 import pytest
+from test_gguf import TINY_TEMPLATE, write_tiny_gguf
 from tokenizers import Regex, pre_tokenizers
 
 from eyas.model.detokenizer import IncrementalDetokenizer
 from eyas.model.gguf import _LLAMA3_REGEX, convert_gguf
 from eyas.model.resolve import default_gguf_path, resolve_model
 from eyas.model.tokenizer import Tokenizer
-from test_gguf import TINY_TEMPLATE, write_tiny_gguf
 
 transformers = pytest.importorskip("transformers")
 

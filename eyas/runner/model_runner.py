@@ -13,9 +13,8 @@ import torch
 
 from eyas.config import EngineConfig
 from eyas.engine.scheduler import ScheduledRequest, SchedulerOutput
-from eyas.kv.block_pool import NULL_BLOCK
 from eyas.kv.manager import KVCacheGroupSpec
-from eyas.model.attention import AttentionBatch, default_backend, get_backend
+from eyas.model.attention import AttentionBatch, block_table_tensor, default_backend, get_backend, layout_slots
 from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.model.llama import ModelOutput
 from eyas.model.loader import load_model
@@ -177,33 +176,25 @@ class ModelRunner:
         self._draft_probs.pop(request_id, None)
 
     def _prepare(self, plan: SchedulerOutput) -> _Inputs:
-        input_ids, positions, q_lens, seq_lens, tables, sample_rows = [], [], [], [], [], []
+        input_ids, q_lens, seq_lens, sample_rows = [], [], [], []
         for i, entry in enumerate(plan.scheduled):
             request, start, n = entry.request, entry.start, entry.num_new_tokens
             fed = request.token_ids[start:start + n] + entry.draft_token_ids
             input_ids += fed
-            positions.extend(range(start, start + len(fed)))
             q_lens.append(len(fed))
             seq_lens.append(start + len(fed))
-            tables.append(entry.block_tables)
             if entry.samples:
                 sample_rows.append(i)
-        positions_t = torch.tensor(positions, dtype=torch.int64)
         query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int64)
         query_start_loc[1:] = torch.tensor(q_lens).cumsum(0)
         seq_lens_t = torch.tensor(seq_lens, dtype=torch.int64)
-        req_of_token = torch.repeat_interleave(torch.arange(len(q_lens)), torch.tensor(q_lens))
-        width = max(len(t[0]) for t in tables)
-        block_table = torch.full((len(tables), width), NULL_BLOCK, dtype=torch.int64)
-        for row, t in enumerate(tables):
-            block_table[row, :len(t[0])] = torch.tensor(t[0], dtype=torch.int64)
-        slot_mapping = (block_table[req_of_token, positions_t // self.block_size] * self.block_size
-                        + positions_t % self.block_size)  # [num_tokens]
+        block_table = block_table_tensor([entry.block_tables[0] for entry in plan.scheduled])
+        positions, slot_mapping = layout_slots(block_table, query_start_loc, seq_lens_t, self.block_size)
         batch = AttentionBatch(query_start_loc, seq_lens_t, block_table, slot_mapping, self.block_size,
                                max(q_lens), max(seq_lens))
         attn_metadata = {0: self.backend.build_metadata(batch, self.device)}
         return _Inputs(torch.tensor(input_ids, dtype=torch.int64, device=self.device),
-                       positions_t.to(self.device), query_start_loc, seq_lens_t, attn_metadata, sample_rows)
+                       positions.to(self.device), query_start_loc, seq_lens_t, attn_metadata, sample_rows)
 
     def _logprobs(self, entries: list[ScheduledRequest], logits: torch.Tensor, emitted: list[list[int]],
                   counts: list[int]) -> dict[str, list[dict[int, float]]]:

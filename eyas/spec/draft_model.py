@@ -27,9 +27,8 @@ import json
 import torch
 
 from eyas.config import EngineConfig, ModelConfig
-from eyas.kv.block_pool import NULL_BLOCK
 from eyas.kv.manager import KVCacheGroupSpec
-from eyas.model.attention import AttentionBatch, default_backend, get_backend
+from eyas.model.attention import AttentionBatch, block_table_tensor, default_backend, get_backend, layout_slots
 from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.model.loader import load_model
 from eyas.model.resolve import resolve_model
@@ -87,13 +86,6 @@ class DraftModelProposer(Proposer):
             layer.kv_cache = torch.zeros(2, num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim,
                                          dtype=self.dtype, device=self.device)
 
-    def _block_table(self, tables: list[list[int]]) -> torch.Tensor:
-        width = max(len(t) for t in tables)
-        out = torch.full((len(tables), width), NULL_BLOCK, dtype=torch.int64)
-        for row, t in enumerate(tables):
-            out[row, :len(t)] = torch.tensor(t, dtype=torch.int64)
-        return out
-
     def _forward(self, input_ids, positions, batch: AttentionBatch) -> torch.Tensor:
         meta = {self.group: self.backend.build_metadata(batch, self.device)}
         with forward_context(ForwardContext(self.backend, meta)):
@@ -102,11 +94,9 @@ class DraftModelProposer(Proposer):
     def _catch_up(self, inp: ProposerInput) -> None:
         """Write the draft model's K/V for every token of the verification layout."""
         qsl, seq_lens = inp.query_start_loc, inp.seq_lens
+        table = block_table_tensor([t[self.group] for t in inp.block_tables])
+        _, slots = layout_slots(table, qsl, seq_lens, self.block_size)
         q_lens = qsl[1:] - qsl[:-1]
-        table = self._block_table([t[self.group] for t in inp.block_tables])
-        req = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens)
-        positions = (seq_lens - q_lens)[req] + torch.arange(int(qsl[-1])) - qsl[:-1][req]  # host, no sync
-        slots = table[req, positions // self.block_size] * self.block_size + positions % self.block_size
         batch = AttentionBatch(qsl, seq_lens, table, slots, self.block_size, int(q_lens.max()), int(seq_lens.max()))
         self._forward(inp.input_ids, inp.positions, batch)
 
@@ -118,7 +108,7 @@ class DraftModelProposer(Proposer):
         if num_rows == 0:
             return ProposerOutput(torch.zeros(0, self.k, dtype=torch.int64, device=dev),
                                   torch.zeros(0, dtype=torch.int64, device=dev))
-        table = self._block_table([inp.block_tables[b][self.group] for b in inp.sample_rows]).to(dev)
+        table = block_table_tensor([inp.block_tables[b][self.group] for b in inp.sample_rows]).to(dev)
         history = torch.tensor([len(t) for t in inp.token_ids], dtype=torch.int64, device=dev)
         pos = history + inp.num_emitted - 1  # [R] position of the last emitted token
         x = inp.emitted.gather(1, (inp.num_emitted - 1)[:, None]).squeeze(1)  # [R]

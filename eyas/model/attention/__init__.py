@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from eyas.kv.block_pool import NULL_BLOCK
+
 
 @dataclass
 class AttentionBatch:
@@ -26,6 +28,32 @@ class AttentionBatch:
     block_size: int
     max_query_len: int  # host-side bounds, so metadata can be built from device tensors without a sync
     max_seq_len: int
+
+
+def block_table_tensor(tables: list[list[int]]) -> torch.Tensor:
+    """Host block tables of one group -> [B, max_blocks] int64, padded with the null block 0."""
+    width = max(1, max(len(t) for t in tables))
+    out = torch.full((len(tables), width), NULL_BLOCK, dtype=torch.int64)
+    for row, t in enumerate(tables):
+        out[row, :len(t)] = torch.tensor(t, dtype=torch.int64)
+    return out
+
+
+def layout_slots(block_table: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                 block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions and cache slots of every token of a back-to-back layout (host tensors, no sync).
+
+    Request b owns tokens ``query_start_loc[b]:query_start_loc[b+1]``, the last ``q_len`` of its
+    ``seq_lens[b]`` context. Example (block_size 4): one request with seq_len 6 and q_len 2 has
+    positions [4, 5], which live in its second block: slots ``table[b, 1] * 4 + [0, 1]``.
+    Returns (positions [T], slot_mapping [T]).
+    """
+    q_lens = query_start_loc[1:] - query_start_loc[:-1]
+    num_tokens = int(query_start_loc[-1])
+    req = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens, output_size=num_tokens)
+    positions = (seq_lens - q_lens)[req] + torch.arange(num_tokens) - query_start_loc[:-1][req]
+    slots = block_table[req, positions // block_size] * block_size + positions % block_size
+    return positions, slots
 
 
 class AttentionBackend(ABC):
