@@ -147,4 +147,5 @@ class LLM:
                 bar.set_postfix_str(f"{num_generated / max(bar.format_dict['elapsed'], 1e-9):.1f} tok/s")
         if bar is not None:
             bar.close()
+        self.engine.flush()  # files named by the outputs exist when generate returns
         return [finished[i] for i in ids]

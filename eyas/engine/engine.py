@@ -90,10 +90,24 @@ class Engine:
         for request in changed:
             if self.outputs.update(request, result.logprobs.get(request.request_id)):
                 self.scheduler.finish(request.request_id, RequestStatus.FINISHED_STOPPED)
+            output = self.outputs.output(request)
             if request.status.finished:
                 self.runner.forget(request.request_id)
-            outputs.append(self.outputs.output(request))
+                output.hidden_states_path = self._save_finished(request)
+            outputs.append(output)
         return outputs
+
+    def _save_finished(self, request: Request) -> str | None:
+        """Hand a finished request's blocks to the runner before the next forward can reuse them."""
+        tables = self.scheduler.finished_tables.pop(request.request_id, None)
+        if tables is None:
+            return None
+        return self.runner.request_finished(request.request_id, request.token_ids[:request.num_tokens - 1],
+                                            request.num_prompt_tokens, tables)
+
+    def flush(self) -> None:
+        """Wait for background work of finished requests (hidden-state files) and raise its errors."""
+        self.runner.flush()
 
     def stats(self) -> dict:
         """Engine-wide speculation totals (acceptance length, per-position acceptance, ...)."""

@@ -44,3 +44,4 @@ class RequestOutput:
     metrics: RequestMetrics
     num_cached_tokens: int = 0
     spec_metrics: dict = field(default_factory=dict)
+    hidden_states_path: str | None = None  # extract_hidden_states: the request's safetensors file

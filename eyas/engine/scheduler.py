@@ -59,6 +59,9 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.drafts: dict[str, list[int]] = {}  # request id -> draft tokens to verify next step
         self.spec_stats = SpecStats()  # engine-wide acceptance totals
+        # block tables of requests that finished normally this step: their blocks are free again but
+        # keep their contents until the next forward, so the engine can hand them to the runner
+        self.finished_tables: dict[str, list[list[int]]] = {}
 
     def add(self, request: Request) -> None:
         self.requests[request.request_id] = request
@@ -206,7 +209,9 @@ class Scheduler:
         if request in self.running:
             self.running.remove(request)
         request.finish_time = now
-        self.kv.free(request.request_id)
+        tables = self.kv.free(request.request_id)
+        if tables is not None and request.status is not RequestStatus.FINISHED_ABORTED:
+            self.finished_tables[request.request_id] = tables
         self.drafts.pop(request.request_id, None)
         self.budgets.pop(request.request_id, None)
         del self.requests[request.request_id]

@@ -93,12 +93,14 @@ class KVCacheManager:
                 pool.register(group_table[i], keys[i])
         self.num_registered[request_id] = full
 
-    def free(self, request_id: str) -> None:
+    def free(self, request_id: str) -> list[list[int]] | None:
+        """Release the request's blocks; returns its block tables (contents stay until blocks are reused)."""
         table = self.tables.pop(request_id, None)
         self.num_registered.pop(request_id, None)
         if table is not None:
             for pool, group_table in zip(self.pools, table):
                 pool.release(group_table[::-1])
+        return table
 
     def block_tables(self, request_id: str) -> list[list[int]]:
         return self.tables[request_id]

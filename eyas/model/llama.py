@@ -65,18 +65,23 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int, aux_layer_ids: tuple[int, ...] = ()):
         super().__init__()
-        for layer_id in aux_layer_ids:
-            if not 0 <= layer_id <= cfg.num_layers:
-                raise ValueError(f"aux_layer_ids: {layer_id} is outside [0, {cfg.num_layers}] "
-                                 f"(0 = embeddings, {cfg.num_layers} = after the last layer)")
         self.config = cfg
-        self.aux_layer_ids = tuple(aux_layer_ids)
+        self.set_aux_layer_ids(aux_layer_ids)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
+
+    def set_aux_layer_ids(self, aux_layer_ids: tuple[int, ...]) -> None:
+        """Which residual streams ``forward`` hands back as aux hidden states (vLLM convention)."""
+        num_layers = self.config.num_layers
+        for layer_id in aux_layer_ids:
+            if not 0 <= layer_id <= num_layers:
+                raise ValueError(f"aux_layer_ids: {layer_id} is outside [0, {num_layers}] "
+                                 f"(0 = embeddings, {num_layers} = after the last layer)")
+        self.aux_layer_ids = tuple(aux_layer_ids)
 
     def tie_weights(self) -> None:
         """Share the embedding with the head (again after ``to_empty``, which unties parameters)."""

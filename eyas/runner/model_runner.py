@@ -51,6 +51,8 @@ class ModelRunner:
         self.sampler = Sampler()
         self.block_size = config.cache.block_size
         self.proposer = proposer_class(spec.method)(spec, config, self.model) if spec else None
+        if self.proposer is not None:
+            self.model.set_aux_layer_ids(self.proposer.aux_layer_ids)
         self.verification = spec.verification if spec else "shared_noise"
         self._draft_probs: dict[str, torch.Tensor] = {}  # request id -> [k, vocab] of its pending drafts
 
@@ -170,6 +172,16 @@ class ModelRunner:
             if proposal.draft_probs is not None and self.verification == "rejection":
                 self._draft_probs[request_id] = proposal.draft_probs[r, :counts[r]]
         return drafts
+
+    def request_finished(self, request_id: str, token_ids: list[int], num_prompt_tokens: int,
+                         block_tables: list[list[int]]) -> str | None:
+        """Let the proposer save what it keeps per request (hidden-state dumps); before the next forward."""
+        return self.proposer.request_finished(request_id, token_ids, num_prompt_tokens, block_tables) \
+            if self.proposer else None
+
+    def flush(self) -> None:
+        if self.proposer:
+            self.proposer.flush()
 
     def forget(self, request_id: str) -> None:
         """Drop per-request device state of a finished or preempted request."""

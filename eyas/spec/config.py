@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 MAX_SPECULATIVE_TOKENS = 16
+# options that belong to one method or a few; a proposer lists the ones it reads in ``config_fields``
+METHOD_FIELDS = frozenset({"prompt_lookup_min", "prompt_lookup_max", "model", "draft_num_layers", "aux_layer_ids",
+                           "output_dir", "include_output_tokens"})
 VERIFICATION_MODES = ("rejection", "shared_noise")
 
 
@@ -34,6 +37,9 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4
     model: str | None = None  # draft model (HF folder or .gguf)
     draft_num_layers: int | None = None  # self-speculation with the target's first layers
+    aux_layer_ids: tuple[int, ...] | None = None  # target layers whose input stream is read (vLLM convention)
+    output_dir: str | None = None  # extract_hidden_states: where {request_id}.safetensors files go
+    include_output_tokens: bool = False  # extract_hidden_states: dump generated tokens too
 
     def step_token_limit(self, device_type: str) -> int | None:
         if self.draft_step_tokens is not None:
@@ -60,6 +66,17 @@ class SpeculativeConfig:
         from eyas.spec.proposer import proposer_class
 
         proposer = proposer_class(self.method)  # raises with the list of methods
+        for name in METHOD_FIELDS - proposer.config_fields:
+            if getattr(self, name) != _DEFAULTS[name]:
+                raise ValueError(f"speculative_config.{name}: not used by method '{self.method}' "
+                                 f"(it reads {', '.join(sorted(proposer.config_fields)) or 'none of the method options'})")
+        if self.aux_layer_ids is not None:
+            ids = self.aux_layer_ids
+            if isinstance(ids, str) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise ValueError(f"speculative_config.aux_layer_ids: {ids!r} must be a list of layer ids (ints)")
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"speculative_config.aux_layer_ids: {list(ids)} has repeated ids")
+            object.__setattr__(self, "aux_layer_ids", tuple(ids))
         k = self.num_speculative_tokens
         if not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"speculative_config.num_speculative_tokens: {k!r} must be an int in "
@@ -75,3 +92,6 @@ class SpeculativeConfig:
         if self.draft_num_layers is not None and self.draft_num_layers < 1:
             raise ValueError(f"speculative_config.draft_num_layers: {self.draft_num_layers} must be >= 1")
         proposer.validate_config(self)
+
+
+_DEFAULTS = {f.name: f.default for f in fields(SpeculativeConfig)}

@@ -40,6 +40,7 @@ DRAFT_NOISE_STREAM = 3  # rejection mode: the drafter's own randomness, independ
 
 class DraftModelProposer(Proposer):
     method = "draft_model"
+    config_fields = frozenset({"model", "draft_num_layers"})
 
     @classmethod
     def validate_config(cls, config) -> None:

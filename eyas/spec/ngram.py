@@ -60,6 +60,7 @@ class NgramProposer(Proposer):
     """Prompt lookup per request: ``k`` drafts from ``propose_ngram`` on prompt + outputs + emitted."""
 
     method = "ngram"
+    config_fields = frozenset({"prompt_lookup_min", "prompt_lookup_max"})
 
     def __init__(self, spec_config, engine_config, target):
         self.k = spec_config.num_speculative_tokens

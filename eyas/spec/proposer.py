@@ -53,8 +53,9 @@ class Proposer(ABC):
     """A drafting method. Class attributes declare what it needs from the engine."""
 
     method: ClassVar[str]
+    config_fields: ClassVar[frozenset[str]] = frozenset()  # method options of SpeculativeConfig it reads
     needs_hidden_states: ClassVar[bool] = False  # target's last hidden states of the verification forward
-    aux_layer_ids: tuple[int, ...] = ()  # target aux layers it reads (vLLM convention)
+    aux_layer_ids: tuple[int, ...] = ()  # target aux layers it reads (vLLM convention); set before the first step
 
     @classmethod
     def validate_config(cls, config) -> None:
@@ -71,10 +72,23 @@ class Proposer(ABC):
     def propose(self, inp: ProposerInput) -> ProposerOutput:
         ...
 
+    def request_finished(self, request_id: str, token_ids: list[int], num_prompt_tokens: int,
+                         block_tables: list[list[int]]) -> str | None:
+        """A request finished normally; its blocks still hold its state until the next forward.
+
+        ``token_ids`` are the tokens whose states are in the cache (prompt, then outputs but the
+        last). Returns what the proposer saved for the request (a file path) or None.
+        """
+        return None
+
+    def flush(self) -> None:
+        """Wait until everything handed to background work is done; raise its first error."""
+
 
 _REGISTRY = {
     "ngram": ("eyas.spec.ngram", "NgramProposer"),
     "draft_model": ("eyas.spec.draft_model", "DraftModelProposer"),
+    "extract_hidden_states": ("eyas.spec.extract_hidden_states", "ExtractHiddenStatesProposer"),
 }
 
 
