@@ -7,7 +7,14 @@ import sys
 import time
 
 
-def _engine_args(parser: argparse.ArgumentParser) -> None:
+def _layer_ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer ids like 2,15,27, got {text!r}") from None
+
+
+def _engine_args(parser: argparse.ArgumentParser, speculative: bool = True) -> None:
     g = parser.add_argument_group("engine")
     g.add_argument("--model", default=None, help="HF folder or .gguf file (default: built-in SmolLM2-135M-Instruct)")
     g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
@@ -19,8 +26,11 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-gb", type=float, default=1.0, help="memory budget of the paged KV cache")
     g.add_argument("--no-prefix-caching", action="store_true")
     g.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads)")
+    if not speculative:
+        return
     s = parser.add_argument_group("speculative decoding")
-    s.add_argument("--spec-method", default=None, help="ngram or draft_model (default: no speculation)")
+    s.add_argument("--spec-method", default=None,
+                   help="ngram, draft_model or extract_hidden_states (default: no speculation)")
     s.add_argument("--spec-tokens", type=int, default=4, help="draft tokens per step (k)")
     s.add_argument("--spec-verification", default=None, choices=["rejection", "shared_noise"])
     s.add_argument("--spec-model", default=None, help="draft model folder or .gguf (draft_model)")
@@ -28,6 +38,11 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
                    help="self-speculation with the target's first N layers (draft_model)")
     s.add_argument("--spec-lookup-min", type=int, default=None, help="ngram: smallest n-gram to match")
     s.add_argument("--spec-lookup-max", type=int, default=None, help="ngram: largest n-gram to match")
+    s.add_argument("--spec-aux-layer-ids", type=_layer_ids, default=None,
+                   help="extract_hidden_states: layer ids to dump, e.g. 2,15,27 (id k = stream entering layer k)")
+    s.add_argument("--spec-output-dir", default=None, help="extract_hidden_states: folder for the files")
+    s.add_argument("--spec-include-output", action="store_true",
+                   help="extract_hidden_states: dump generated tokens' states too")
 
 
 def _sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -46,7 +61,8 @@ def _spec_config(args) -> dict | None:
     config = {"method": args.spec_method, "num_speculative_tokens": args.spec_tokens}
     optional = {"verification": args.spec_verification, "model": args.spec_model,
                 "draft_num_layers": args.spec_draft_layers, "prompt_lookup_min": args.spec_lookup_min,
-                "prompt_lookup_max": args.spec_lookup_max}
+                "prompt_lookup_max": args.spec_lookup_max, "aux_layer_ids": args.spec_aux_layer_ids,
+                "output_dir": args.spec_output_dir, "include_output_tokens": args.spec_include_output or None}
     config.update({key: value for key, value in optional.items() if value is not None})
     return config
 
@@ -102,6 +118,8 @@ def cmd_generate(args) -> int:
         outs = llm.generate([_render(llm, p, args.raw) for p in prompts], params)
         for p, o in zip(prompts, outs):
             print(f"### {p}\n{o.outputs[0].text}\n")
+            if o.hidden_states_path:
+                print(f"[hidden states: {o.hidden_states_path}]", file=sys.stderr)
         if _spec_line(llm.stats()):
             print(_spec_line(llm.stats()), file=sys.stderr)
         return 0
@@ -119,6 +137,8 @@ def cmd_generate(args) -> int:
               + (f", {1 / tpot:.1f} tok/s decode]" if tpot else "]"), file=sys.stderr)
         if _spec_line(out.spec_metrics):
             print(f"[{_spec_line(out.spec_metrics)}]", file=sys.stderr)
+        if out.hidden_states_path:
+            print(f"[hidden states: {out.hidden_states_path}]", file=sys.stderr)
     return 0
 
 
@@ -170,6 +190,20 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_extract(args) -> int:
+    from eyas.data.extract import run_extract
+
+    manifest = run_extract(args.data, args.out, model=args.model, layers=args.layers, regenerate=args.regenerate,
+                           max_samples=args.max_samples, max_len=args.max_len,
+                           regen_max_tokens=args.regen_max_tokens, chunk_size=args.chunk_size,
+                           dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
+                           max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_gb=args.kv_cache_gb,
+                           enable_prefix_caching=not args.no_prefix_caching, num_threads=args.threads)
+    print(f"{manifest['num_samples']} samples ({manifest['num_skipped']} skipped), {manifest['num_tokens']} tokens "
+          f"({manifest['num_loss_tokens']} with loss) in {args.out}; manifest: {args.out}/manifest.json")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eyas", description="eyas: a compact LLM inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -191,6 +225,22 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(bench)
     _sampling_args(bench, max_tokens=128)
     bench.set_defaults(func=cmd_bench)
+    ext = sub.add_parser("extract", help="dump the target's hidden states of chat data for drafter training "
+                                         "(resumable: re-run the same command after a crash)")
+    ext.add_argument("--data", required=True,
+                     help="ShareGPT .json, .jsonl of conversations, or 'sharegpt' for the shipped ShareGPT file")
+    ext.add_argument("--out", required=True, help="output folder (files, samples.jsonl journal, manifest.json)")
+    ext.add_argument("--layers", type=_layer_ids, default=None,
+                     help="aux layer ids, vLLM convention (default: 2,N//2,N-3)")
+    ext.add_argument("--regenerate", action="store_true",
+                     help="regenerate the assistant turns with the target first (self-distillation)")
+    ext.add_argument("--max-samples", type=int, default=None, help="use the first N conversations")
+    ext.add_argument("--max-len", type=int, default=None,
+                     help="cut conversations to this many tokens (default: 2048 or the model's limit)")
+    ext.add_argument("--regen-max-tokens", type=int, default=512, help="longest regenerated reply")
+    ext.add_argument("--chunk-size", type=int, default=128, help="conversations per journaled chunk")
+    _engine_args(ext, speculative=False)
+    ext.set_defaults(func=cmd_extract)
     return parser
 
 

@@ -5,7 +5,7 @@ import pytest
 from eyas.cli import main
 
 
-@pytest.mark.parametrize("command", [[], ["generate"], ["chat"], ["bench"]])
+@pytest.mark.parametrize("command", [[], ["generate"], ["chat"], ["bench"], ["extract"]])
 def test_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(command + ["--help"])
@@ -19,6 +19,16 @@ def test_generate_streams_and_reports(tiny_models, capsys):
     captured = capsys.readouterr()
     assert code == 0
     assert "[6 tokens, finish=length" in captured.err
+
+
+def test_generate_with_hidden_state_extraction_names_the_file(tiny_models, tmp_path, capsys):
+    code = main(["generate", "hello there", "--model", str(tiny_models["llama"]), "--max-tokens", "3",
+                 "--kv-cache-gb", "0.01", "--max-model-len", "128", "--spec-method", "extract_hidden_states",
+                 "--spec-tokens", "1", "--spec-aux-layer-ids", "1,3", "--spec-output-dir", str(tmp_path),
+                 "--spec-include-output"])
+    assert code == 0
+    files = list(tmp_path.glob("*.safetensors"))
+    assert len(files) == 1 and f"[hidden states: {files[0]}]" in capsys.readouterr().err
 
 
 def test_generate_batch_and_bench(tiny_models, tmp_path, capsys):

