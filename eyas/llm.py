@@ -109,6 +109,8 @@ class LLM:
             while True:
                 for out in self.engine.step():
                     if out.request_id == request_id:
+                        if out.finished:
+                            self.engine.flush()  # a file named by the output exists once it is yielded
                         yield out
                         if out.finished:
                             return

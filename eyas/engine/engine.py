@@ -100,7 +100,7 @@ class Engine:
     def _save_finished(self, request: Request) -> str | None:
         """Hand a finished request's blocks to the runner before the next forward can reuse them."""
         tables = self.scheduler.finished_tables.pop(request.request_id, None)
-        if tables is None:
+        if tables is None or not request.params.speculate:  # opted out of the method: nothing saved
             return None
         return self.runner.request_finished(request.request_id, request.token_ids[:request.num_tokens - 1],
                                             request.num_prompt_tokens, tables)
