@@ -23,17 +23,22 @@ class ModelOutput:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int):
+    def __init__(self, cfg: ModelConfig, layer_id: int, input_size: int | None = None):
+        """``input_size``: width of the input when it is not ``hidden_size`` (an EAGLE-3 drafter attends
+        over ``cat(norm(embedding), norm(hidden))``, 2 * hidden wide)."""
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.qkv_proj = Linear(input_size or cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.layer_id = layer_id
         self.kv_cache_group = 0
         self.kv_cache: torch.Tensor | None = None  # [2, num_slots, kv_heads, head_dim], bound by the runner
+        # keys a query may see, itself included (None = all): declared by a drafter's sliding-window
+        # layer; its KV-cache group's attention metadata applies it
+        self.sliding_window: int | None = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         num_tokens = x.shape[0]
