@@ -16,6 +16,7 @@ from eyas.model.resolve import resolve_model
 from eyas.model.tokenizer import Tokenizer
 from eyas.sampling.params import SamplingParams
 from eyas.spec.config import SpeculativeConfig
+from eyas.spec.speculator import speculators_redirect
 
 Prompt = str | list[int]
 Conversation = list[dict]
@@ -50,6 +51,15 @@ class LLM:
                 raise ValueError(f"num_threads: {num_threads} must be >= 1")
             torch.set_num_threads(num_threads)
         path = resolve_model(model)
+        redirect = speculators_redirect(path)
+        if redirect is not None:  # a speculators drafter folder names its target (verifier) and k
+            verifier, drafter_config = redirect
+            try:
+                path = resolve_model(verifier)
+            except ValueError as error:
+                raise ValueError(f"model: speculators drafter {model} names verifier {verifier!r}, which is not a "
+                                 f"local model ({error})") from error
+            speculative_config = speculative_config or drafter_config
         model_config = ModelConfig.from_folder(path)
         dev = EngineConfig.resolve_device(device)
         max_len = max_model_len_for(model_config, max_model_len)

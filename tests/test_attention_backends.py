@@ -4,6 +4,7 @@ FlexAttention compiles its kernel on first use (about 25 s on a CPU), so its CPU
 only when ``EYAS_TEST_FLEX_CPU=1``; the CUDA checks run wherever torch sees a GPU.
 """
 
+import dataclasses
 import os
 
 import pytest
@@ -61,14 +62,17 @@ def _reference(q, k, v, kv_cache, batch: AttentionBatch):
         values = cache[1, slots].repeat_interleave(HEADS // KV_HEADS, dim=1)
         scores = torch.einsum("thd,shd->hts", q[start:end].double(), keys) / HEAD_DIM ** 0.5
         q_pos = torch.arange(seq_len - (end - start), seq_len)
-        scores = scores.masked_fill(pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        hidden = pos[None, None, :] > q_pos[None, :, None]
+        if batch.sliding_window is not None:
+            hidden |= pos[None, None, :] <= q_pos[None, :, None] - batch.sliding_window
+        scores = scores.masked_fill(hidden, float("-inf"))
         out.append(torch.einsum("hts,shd->thd", scores.softmax(-1), values))
     return torch.cat(out), cache
 
 
-def _case(gen: torch.Generator, layout: list[tuple[int, int]]):
+def _case(gen: torch.Generator, layout: list[tuple[int, int]], sliding_window: int | None = None):
     """A random paged batch: q/k/v, a random cache, and the reference output and cache."""
-    batch = _paged_batch(gen, layout)
+    batch = dataclasses.replace(_paged_batch(gen, layout), sliding_window=sliding_window)
     num_tokens = int(batch.query_start_loc[-1])
     q = torch.randn(num_tokens, HEADS, HEAD_DIM, generator=gen)
     k, v = (torch.randn(num_tokens, KV_HEADS, HEAD_DIM, generator=gen) for _ in range(2))
@@ -76,13 +80,14 @@ def _case(gen: torch.Generator, layout: list[tuple[int, int]]):
     return (batch, q, k, v, kv_cache, *_reference(q, k, v, kv_cache, batch))
 
 
+@pytest.mark.parametrize("sliding_window", [None, 1, 24])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
 @torch.inference_mode()
-def test_sdpa_matches_reference_on_paged_layouts(device):
+def test_sdpa_matches_reference_on_paged_layouts(device, sliding_window):
     gen = torch.Generator().manual_seed(1)
     sdpa = get_backend("sdpa")
     for layout in LAYOUTS:
-        batch, q, k, v, kv_cache, ref, ref_cache = _case(gen, layout)
+        batch, q, k, v, kv_cache, ref, ref_cache = _case(gen, layout, sliding_window)
         dev = torch.device(device)
         cache = kv_cache.to(dev)
         got = sdpa.forward(q.to(dev), k.to(dev), v.to(dev), cache, sdpa.build_metadata(batch, dev))

@@ -88,6 +88,8 @@ def _input(token_ids: list[list[int]], emitted: list[list[int]], num_emitted: li
         hidden_states=None,
         aux_hidden_states=None,
         block_tables=[[[0]] for _ in range(R)],
+        next_token_ids=[-1] * R,
+        num_drafts=[0] * R,
         seeds=torch.zeros(R, dtype=torch.int64),
         sampling_params=[None] * R,
     )

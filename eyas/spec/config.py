@@ -59,7 +59,12 @@ class SpeculativeConfig:
         if "method" not in config:
             raise ValueError("speculative_config.method: missing (e.g. 'ngram' or 'draft_model')")
         if "num_speculative_tokens" not in config:
-            raise ValueError("speculative_config.num_speculative_tokens: missing (e.g. 4)")
+            from eyas.spec.proposer import proposer_class
+
+            k = proposer_class(config["method"]).default_num_speculative_tokens(config)
+            if k is None:
+                raise ValueError("speculative_config.num_speculative_tokens: missing (e.g. 4)")
+            config = {**config, "num_speculative_tokens": k}
         return cls(**config)
 
     def __post_init__(self):

@@ -21,7 +21,6 @@ sizes are upper bounds.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import torch
@@ -32,10 +31,8 @@ from eyas.model.attention import AttentionBatch, block_table_tensor, default_bac
 from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.model.loader import load_model
 from eyas.model.resolve import resolve_model
-from eyas.sampling.sampler import Sampler, SamplingBatch, gumbel_argmax
+from eyas.spec.draft_sampling import DraftSampler
 from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
-
-DRAFT_NOISE_STREAM = 3  # rejection mode: the drafter's own randomness, independent of the target's
 
 
 class DraftModelProposer(Proposer):
@@ -55,7 +52,6 @@ class DraftModelProposer(Proposer):
         self.device, self.dtype = config.device, config.dtype
         self.block_size = config.cache.block_size
         self.backend = get_backend(default_backend(config.device))
-        self.sampler = Sampler()
         if spec.model is None:
             num_target_layers = config.model.num_layers
             if spec.draft_num_layers >= num_target_layers:
@@ -115,31 +111,18 @@ class DraftModelProposer(Proposer):
         x = inp.emitted.gather(1, (inp.num_emitted - 1)[:, None]).squeeze(1)  # [R]
         max_seq = max(len(t) for t in inp.token_ids) + inp.emitted.shape[1] + self.k
         qsl = torch.arange(num_rows + 1, device=dev)
-        params = inp.sampling_params
-        all_greedy = all(p.greedy for p in params)
-        batch = None if all_greedy else SamplingBatch.from_params(params, [0] * num_rows, [0] * num_rows, dev)
-        if batch is not None:
-            batch = dataclasses.replace(batch, seeds=inp.seeds)
-        drafts, probs = [], []
+        sampler = DraftSampler(inp, self.verification, dev)
+        drafts = []
         for _ in range(self.k):
             slots = table.gather(1, (pos // self.block_size)[:, None]).squeeze(1) * self.block_size \
                 + pos % self.block_size
             attn = AttentionBatch(qsl, pos + 1, table, slots, self.block_size, 1, max_seq)
             logits = self.model.compute_logits(self._forward(x, pos, attn))  # [R, vocab]
-            if all_greedy:
-                x = logits.argmax(dim=-1)
-            else:
-                step = dataclasses.replace(batch, positions=pos + 1)
-                logprobs = self.sampler.processed_logprobs(logits, step)
-                stream = 0 if self.verification == "shared_noise" else DRAFT_NOISE_STREAM
-                x = gumbel_argmax(logprobs, inp.seeds, pos + 1, stream=stream)
-                if self.verification == "rejection":
-                    probs.append(logprobs.exp())
+            x = sampler.sample(logits, pos + 1)
             drafts.append(x)
             pos = pos + 1
-        draft_probs = torch.stack(probs, dim=1) if probs else None
         return ProposerOutput(torch.stack(drafts, dim=1), torch.full((num_rows,), self.k, device=dev),
-                              draft_probs)
+                              sampler.draft_probs())
 
 
 def _check_same_vocabulary(target: ModelConfig, draft: ModelConfig) -> None:

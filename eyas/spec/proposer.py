@@ -37,6 +37,8 @@ class ProposerInput:
     hidden_states: torch.Tensor | None  # [num_tokens, hidden] target's last (normed) hidden states
     aux_hidden_states: torch.Tensor | None  # [num_tokens, num_aux, hidden]
     block_tables: list[list[list[int]]]  # [B][group] host block tables (the scheduler's, read-only)
+    next_token_ids: list[int]  # [B] host: the committed token after a non-sampling chunk; -1 for sampling requests
+    num_drafts: list[int]  # [R] host: drafts verified this step (the last num_drafts[r] tokens of row r's layout)
     # sampling: draft j of row r is verified at sequence index len(token_ids[r]) + num_emitted[r] + j
     seeds: torch.Tensor  # [R] int64
     sampling_params: list[Any]  # [R] SamplingParams
@@ -60,6 +62,11 @@ class Proposer(ABC):
     @classmethod
     def validate_config(cls, config) -> None:
         """Method-specific checks of a SpeculativeConfig; raise ValueError naming the field."""
+
+    @classmethod
+    def default_num_speculative_tokens(cls, config: dict) -> int | None:
+        """k when the user gives none (a checkpoint may name it), from the raw speculative_config dict."""
+        return None
 
     def kv_cache_groups(self) -> list:
         """Extra KV-cache groups (eyas.kv.manager.KVCacheGroupSpec) this proposer's layers need."""
@@ -89,6 +96,9 @@ _REGISTRY = {
     "ngram": ("eyas.spec.ngram", "NgramProposer"),
     "draft_model": ("eyas.spec.draft_model", "DraftModelProposer"),
     "extract_hidden_states": ("eyas.spec.extract_hidden_states", "ExtractHiddenStatesProposer"),
+    "eagle": ("eyas.spec.speculator", "EagleSpeculator"),
+    "eagle3": ("eyas.spec.speculator", "Eagle3Speculator"),
+    "mtp": ("eyas.spec.speculator", "MtpSpeculator"),
 }
 
 

@@ -28,6 +28,7 @@ class AttentionBatch:
     block_size: int
     max_query_len: int  # host-side bounds, so metadata can be built from device tensors without a sync
     max_seq_len: int
+    sliding_window: int | None = None  # a query sees only the last ``sliding_window`` keys (itself included)
 
 
 def block_table_tensor(tables: list[list[int]]) -> torch.Tensor:

@@ -52,6 +52,8 @@ class FlexBackend(AttentionBackend):
     name = "flex"
 
     def build_metadata(self, batch: AttentionBatch, device: torch.device) -> FlexMetadata:
+        if batch.sliding_window is not None:
+            raise ValueError("attention_backend: 'flex' has no sliding-window layers yet; use 'sdpa'")
         qsl, seq_lens, bs = batch.query_start_loc, batch.seq_lens, batch.block_size
         num_tokens, num_kv = int(qsl[-1]), int(seq_lens.sum())  # host tensors: no device sync
         num_reqs = len(seq_lens)

@@ -68,7 +68,12 @@ class SdpaBackend(AttentionBackend):
                     continue
                 kv_pos = torch.arange(seq_len)
                 q_pos = torch.arange(seq_len - (end - start), seq_len)
-                mask = None if end - start == seq_len else (kv_pos[None, :] <= q_pos[:, None])[None, None].to(device)
+                mask = None
+                if end - start != seq_len or batch.sliding_window is not None:
+                    visible = kv_pos[None, :] <= q_pos[:, None]
+                    if batch.sliding_window is not None:
+                        visible &= kv_pos[None, :] > q_pos[:, None] - batch.sliding_window
+                    mask = visible[None, None].to(device)
                 singles.append(_Single(start, end, _slots(batch.block_table[b], kv_pos, batch.block_size).to(device),
                                        mask))
         padded = self._padded(batch, short, device) if short is None or short else None
@@ -102,6 +107,8 @@ class SdpaBackend(AttentionBackend):
         kv_slots = torch.where(kv_pos < seq_lens[:, None], kv_slots, 0)  # [B, max_kv]
         q_pos = (seq_lens - q_lens)[:, None] + j  # [B, max_q]
         mask = kv_pos[None, None, :] <= q_pos[:, :, None]  # causal within the context
+        if batch.sliding_window is not None:
+            mask &= kv_pos[None, None, :] > q_pos[:, :, None] - batch.sliding_window
         mask |= ~real[:, :, None] & (kv_pos == 0)  # padded rows see key 0
         return _Padded(None if token_index is None else token_index.to(device), q_index.to(device),
                        out_index.to(device), kv_slots.to(device), mask.unsqueeze(1).to(device))

@@ -1,0 +1,167 @@
+"""EAGLE, EAGLE-3 and MTP drafters inside the engine: lossless greedy output, and engine drafts equal
+an independent one-request-at-a-time reference (``drafter_reference``, from formats.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import drafter_reference as ref
+import pytest
+import torch
+import transformers
+
+from eyas import LLM, SamplingParams
+from eyas.config import ModelConfig
+from eyas.model.drafters import Eagle1Drafter, Eagle3Drafter, MtpDrafter, TargetParts, save_drafter
+from eyas.model.loader import load_model
+
+K = 3
+
+
+@pytest.fixture(scope="module")
+def drafters(tiny_models, tmp_path_factory):
+    """Random drafters for the tiny llama target, saved in their public layouts."""
+    root = tmp_path_factory.mktemp("drafters")
+    target_path = tiny_models["llama"]
+    cfg = ModelConfig.from_folder(target_path)
+    target = load_model(cfg, torch.float32, torch.device("cpu"), 1024)
+    parts = TargetParts(target.embed_tokens, target.lm_head)
+    one_layer = dataclasses.replace(cfg, num_layers=1)
+    folders = {}
+
+    eagle3 = Eagle3Drafter(one_layer, parts, target_hidden_size=64, draft_vocab_size=200, aux_layer_ids=(0, 1, 2),
+                           max_positions=1024, own_embedding=False)
+    _randomize(eagle3, 1)
+    eagle3.set_draft_vocabulary(torch.sort(torch.randperm(320, generator=torch.Generator().manual_seed(9))[:200]).values)
+    folders["eagle3"] = save_drafter(eagle3, root / "eagle3", "eagle3", verifier=None, num_speculative_tokens=None)
+    folders["eagle3_speculators"] = save_drafter(eagle3, root / "speculators", "speculators",
+                                                 verifier=str(target_path), num_speculative_tokens=K)
+    eagle1 = Eagle1Drafter(one_layer, parts, fc_bias=True, max_positions=1024, own_embedding=False)
+    folders["eagle"] = save_drafter(_randomize(eagle1, 2), root / "eagle")
+    for name, windows in (("mtp_1", (None,)), ("mtp_2_sliding_full", (8, None))):
+        mtp = _randomize(MtpDrafter(cfg, parts, sliding_windows=windows, own_heads=False, max_positions=1024), 3)
+        shutil.copytree(target_path, root / name)  # DeepSeek layout: MTP layers N.. inside the target folder
+        folders[name] = save_drafter(mtp, root / name)
+    return SimpleNamespace(target=target_path, folders={k: str(v) for k, v in folders.items()})
+
+
+def _randomize(module, seed):
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            p.copy_(1 + 0.1 * noise if name.endswith("norm.weight") else noise * (0.08 if p.dim() == 2 else 0.05))
+    return module
+
+
+CASES = {  # name -> (method, model folder key, the LLM's target: the drafter's own folder for MTP)
+    "eagle": ("eagle", "eagle"),
+    "eagle3": ("eagle3", "eagle3"),
+    "eagle3_speculators": ("eagle3", "eagle3_speculators"),
+    "mtp_1": ("mtp", "mtp_1"),
+    "mtp_2_sliding_full": ("mtp", "mtp_2_sliding_full"),
+}
+
+
+def _llm(drafters, case, **over):
+    method, key = CASES[case]
+    folder = drafters.folders[key]
+    target = folder if method == "mtp" else str(drafters.target)
+    spec = {"method": method, "num_speculative_tokens": K}
+    if method != "mtp":
+        spec["model"] = folder
+    kw = dict(dtype="float32", max_model_len=256, kv_cache_gb=0.05, speculative_config=spec)
+    kw.update(over)
+    return LLM(target, **kw)
+
+
+def _prompts(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = [5, 40, 17, 70, 3, 33, 50, 9][:n]
+    return [torch.randint(0, 300, (m,), generator=g).tolist() for m in lengths]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_greedy_speculation_equals_plain_batch_1_and_8_with_preemption(drafters, case):
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = LLM(str(drafters.target), dtype="float32", max_model_len=256, kv_cache_gb=0.05)
+    prompts = _prompts(8)
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
+    alone = _llm(drafters, case).generate(prompts[:1], params, use_tqdm=False)[0]
+    assert alone.outputs[0].token_ids == want[0]
+    assert alone.spec_metrics["num_drafted"] > 0
+    tight = _llm(drafters, case, num_kv_blocks=24, max_num_batched_tokens=32)  # preemption + chunked prefill
+    engine = tight.engine
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, params)
+    requests = list(engine.scheduler.requests.values())
+    got = {}
+    while engine.has_unfinished_requests():
+        got.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
+    assert [got[str(i)] for i in range(8)] == want
+    assert sum(r.num_preemptions for r in requests) > 0
+
+
+def test_speculators_folder_gives_the_default_k(drafters):
+    llm = LLM(str(drafters.target), dtype="float32", max_model_len=256, kv_cache_gb=0.05,
+              speculative_config={"method": "eagle3", "model": drafters.folders["eagle3_speculators"]})
+    assert llm.engine.config.speculative.num_speculative_tokens == K
+
+
+@pytest.mark.parametrize("case", ["eagle", "eagle3", "mtp_1"])
+def test_engine_drafts_equal_one_request_reference(drafters, case):
+    """Every step's drafts of a batched run equal the dense reference's chain over that request alone."""
+    method, key = CASES[case]
+    llm = _llm(drafters, case, max_num_batched_tokens=32)  # chunked prefill too
+    proposer = llm.engine.runner.proposer
+    records = []
+    original = proposer.propose
+
+    def recording(inp):
+        out = original(inp)
+        for r in range(len(inp.sample_rows)):
+            emitted = inp.emitted[r, :int(inp.num_emitted[r])].tolist()
+            records.append((inp.token_ids[r] + emitted, out.draft_token_ids[r].tolist()))
+        return out
+
+    proposer.propose = recording
+    prompts = _prompts(3, seed=3)
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), use_tqdm=False)
+    assert len(records) >= 3 * 5
+    hf = transformers.AutoModelForCausalLM.from_pretrained(drafters.target, dtype=torch.float64).eval()
+    emb, head = hf.model.embed_tokens.weight.detach(), hf.lm_head.weight.detach()
+    folder = Path(drafters.folders[key])
+    reference = {"eagle": lambda: ref.Eagle1(folder, emb, head), "eagle3": lambda: ref.Eagle3(folder, emb),
+                 "mtp": lambda: ref.Mtp(folder, emb, head)}[method]()
+    for tokens, drafts in records:
+        with torch.no_grad():
+            states = hf(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states
+        hidden = torch.cat([states[i][0] for i in (0, 1, 2)], -1) if method == "eagle3" else states[-1][0]
+        want, _ = ref.greedy_chain(reference, tokens, hidden, K)
+        assert drafts == want
+
+
+def test_speculators_folder_as_the_model_names_target_and_k(drafters):
+    llm = LLM(drafters.folders["eagle3_speculators"], dtype="float32", max_model_len=256, kv_cache_gb=0.05)
+    spec = llm.engine.config.speculative
+    assert llm.engine.config.model.path == Path(drafters.target)
+    assert (spec.method, spec.model, spec.num_speculative_tokens) == ("eagle3", drafters.folders["eagle3_speculators"], K)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    plain = LLM(str(drafters.target), dtype="float32", max_model_len=256, kv_cache_gb=0.05)
+    prompt = _prompts(1)
+    assert llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == \
+        plain.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"method": "eagle3", "num_speculative_tokens": 2}, "speculative_config.model: method 'eagle3' needs the drafter"),
+    ({"method": "eagle3"}, "num_speculative_tokens: missing"),
+    ({"method": "eagle3", "num_speculative_tokens": 2, "model": "MTP"}, "does not match"),
+])
+def test_speculator_misconfigurations(drafters, spec, message):
+    spec = {k: drafters.folders["mtp_1"] if v == "MTP" else v for k, v in spec.items()}
+    with pytest.raises(ValueError, match=message):
+        LLM(str(drafters.target), dtype="float32", max_model_len=256, kv_cache_gb=0.05, speculative_config=spec)
