@@ -12,7 +12,8 @@ from eyas import LLM, SamplingParams
 from eyas.data.hidden_states_writer import HiddenStatesWriter
 
 N = 3  # layers of the tiny models
-IDS = [0, 2, N]  # embeddings, the stream entering layer 2, and after the last layer (before the final norm)
+IDS = [2, 0, N]  # the stream entering layer 2, embeddings, after the last layer (before the final norm); dumps
+# keep the configured order
 
 
 def _spec(out, **over):
@@ -82,7 +83,7 @@ def test_dumps_equal_hf_with_chunked_prefill_preemption_and_prefix_cache(tiny_mo
                                    rtol=1e-4, atol=1e-4)
     with safe_open(outs[0].hidden_states_path, "pt") as f:
         meta = f.metadata()
-    assert meta["aux_layer_ids"] == "0,2,3" and meta["layer_convention"] == "vllm" and meta["dtype"] == "float32"
+    assert meta["aux_layer_ids"] == "2,0,3" and meta["layer_convention"] == "vllm" and meta["dtype"] == "float32"
 
 
 def test_greedy_outputs_are_unchanged_by_extraction(tiny_models, tmp_path):

@@ -97,20 +97,21 @@ class LlamaForCausalLM(nn.Module):
         return [layer.self_attn for layer in self.layers]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, num_layers: int | None = None) -> ModelOutput:
-        """input_ids, positions: [num_tokens]. Aux id k = the stream entering layer k (vLLM convention).
+        """input_ids, positions: [num_tokens]. Aux id k = the stream entering layer k (vLLM convention);
+        aux states are stacked in the order of ``aux_layer_ids``.
 
         ``num_layers`` runs only the first layers, then the final norm (a self-speculation drafter).
         """
         h = self.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.rotary.table(positions, h.dtype)
-        aux = []
+        aux = {}
         for i, layer in enumerate(self.layers[:num_layers]):
             if i in self.aux_layer_ids:
-                aux.append(h)
+                aux[i] = h
             h = layer(h, cos, sin)
         if len(self.layers) in self.aux_layer_ids:
-            aux.append(h)
-        aux_hidden = torch.stack(aux, dim=1) if aux else None
+            aux[len(self.layers)] = h
+        aux_hidden = torch.stack([aux[i] for i in self.aux_layer_ids if i in aux], dim=1) if aux else None
         return ModelOutput(hidden=self.norm(h), aux_hidden=aux_hidden)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
