@@ -51,7 +51,7 @@ def test_real_model_greedy_speculation_equals_plain(setup, method):
     alone = LLM(model, dtype="float32", max_model_len=512, kv_cache_gb=0.1, speculative_config=spec)
     out = alone.generate(prompts[:1], PARAMS, use_tqdm=False)[0]
     assert out.outputs[0].token_ids == want[0] and out.spec_metrics["num_drafted"] > 0
-    tight = LLM(model, dtype="float32", max_model_len=128, num_kv_blocks=40, block_size=16,
+    tight = LLM(model, dtype="float32", max_model_len=128, num_kv_blocks=20, block_size=16,
                 max_num_batched_tokens=32, speculative_config=spec)
     engine = tight.engine
     for i, p in enumerate(prompts):
