@@ -18,6 +18,7 @@ import drafter_reference as ref
 import pytest
 import torch
 import transformers
+from engine_helpers import randomize_
 from safetensors.torch import load_file, save_file
 
 from eyas.config import ModelConfig
@@ -54,15 +55,6 @@ def _parts(target):
     return TargetParts(target.model.embed_tokens, target.model.lm_head)
 
 
-def _randomize(module, seed):
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            p.copy_(1 + 0.1 * noise if name.endswith("norm.weight") else noise * (0.08 if p.dim() == 2 else 0.05))
-    return module
-
-
 def _eagle3(target, layout):
     """SafeAILab: drafter hidden = target's, shared embedding. speculators: hidden 48, own embedding."""
     own = layout == "speculators"
@@ -70,20 +62,20 @@ def _eagle3(target, layout):
                                                           if own else {}))
     drafter = Eagle3Drafter(cfg, _parts(target), target_hidden_size=64, draft_vocab_size=200, aux_layer_ids=(2, 0, 1),
                             max_positions=MAX_POS, own_embedding=own)
-    _randomize(drafter, seed=1)
+    randomize_(drafter, seed=1)
     drafter.set_draft_vocabulary(DRAFT_IDS)
     return drafter
 
 
 def _eagle1(target):
     cfg = dataclasses.replace(target.cfg, num_layers=1)
-    return _randomize(Eagle1Drafter(cfg, _parts(target), fc_bias=True, max_positions=MAX_POS, own_embedding=False), 2)
+    return randomize_(Eagle1Drafter(cfg, _parts(target), fc_bias=True, max_positions=MAX_POS, own_embedding=False), 2)
 
 
 def _mtp(target, windows, own_heads):
     drafter = MtpDrafter(target.cfg, _parts(target), sliding_windows=windows, own_heads=own_heads,
                          max_positions=MAX_POS)
-    return _randomize(drafter, seed=3)
+    return randomize_(drafter, seed=3)
 
 
 def _save_mtp(target, drafter, folder, into_target, gemma=False):

@@ -5,6 +5,7 @@ import re
 import pytest
 import torch
 import transformers
+from engine_helpers import run_counting_preemptions
 from safetensors import safe_open
 from safetensors.torch import load_file
 
@@ -46,21 +47,6 @@ def hf_llama(tiny_models):
     return transformers.AutoModelForCausalLM.from_pretrained(tiny_models["llama"], dtype=torch.float32).eval()
 
 
-def _run(llm, prompts, params):
-    """Step the engine to the end; returns outputs in prompt order and the number of preemptions."""
-    engine = llm.engine
-    for i, p in enumerate(prompts):
-        engine.add_request(f"req-{i}", p, params)
-    requests = dict(engine.scheduler.requests)
-    done = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-    engine.flush()
-    return [done[f"req-{i}"] for i in range(len(prompts))], sum(r.num_preemptions for r in requests.values())
-
-
 @pytest.mark.parametrize("include_output", [False, True])
 def test_dumps_equal_hf_with_chunked_prefill_preemption_and_prefix_cache(tiny_models, hf_llama, tmp_path,
                                                                           include_output):
@@ -69,7 +55,7 @@ def test_dumps_equal_hf_with_chunked_prefill_preemption_and_prefix_cache(tiny_mo
     llm = LLM(str(tiny_models["llama"]), dtype="float32", max_model_len=256, num_kv_blocks=26, block_size=16,
               max_num_batched_tokens=48, speculative_config=_spec(tmp_path, include_output_tokens=include_output))
     params = SamplingParams(max_tokens=12, ignore_eos=True)
-    outs, preemptions = _run(llm, prompts, params)
+    outs, preemptions = run_counting_preemptions(llm, prompts, params)
     assert preemptions > 0
     assert any(o.num_cached_tokens > 0 for o in outs)  # the prefix cache served some blocks
     files = sorted(p.name for p in tmp_path.iterdir())

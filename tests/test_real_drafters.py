@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from engine_helpers import run_counting_preemptions
 
 from eyas import LLM, SamplingParams
 from eyas.model.resolve import resolve_model
@@ -53,12 +54,5 @@ def test_real_model_greedy_speculation_equals_plain(setup, method):
     assert out.outputs[0].token_ids == want[0] and out.spec_metrics["num_drafted"] > 0
     tight = LLM(model, dtype="float32", max_model_len=128, num_kv_blocks=20, block_size=16,
                 max_num_batched_tokens=32, speculative_config=spec)
-    engine = tight.engine
-    for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, PARAMS)
-    requests = list(engine.scheduler.requests.values())
-    got = {}
-    while engine.has_unfinished_requests():
-        got.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
-    assert [got[str(i)] for i in range(len(prompts))] == want
-    assert sum(r.num_preemptions for r in requests) > 0
+    outs, preemptions = run_counting_preemptions(tight, prompts, PARAMS)
+    assert [o.outputs[0].token_ids for o in outs] == want and preemptions > 0

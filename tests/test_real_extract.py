@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from engine_helpers import run_counting_preemptions
 from safetensors.torch import load_file
 
 from eyas import LLM, SamplingParams
@@ -30,21 +31,13 @@ def test_real_model_dumps_equal_hf_with_chunking_and_preemption(tmp_path):
     tok = llm.get_tokenizer()
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]), add_special_tokens=False)
                for q in QUESTIONS]
-    engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    for i, p in enumerate(prompts):
-        engine.add_request(f"q{i}", p, params)
-    requests = list(engine.scheduler.requests.values())
-    outputs = {}
-    while engine.has_unfinished_requests():
-        outputs.update({o.request_id: o for o in engine.step() if o.finished})
-    engine.flush()
-    assert sum(r.num_preemptions for r in requests) > 0  # the small pool forced recomputation
+    outputs, preemptions = run_counting_preemptions(llm, prompts, params)
+    assert preemptions > 0  # the small pool forced recomputation
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(engine.config.model.path, dtype=torch.float32).eval()
-    for i, prompt in enumerate(prompts):
-        out = outputs[f"q{i}"]
-        dump = load_file(tmp_path / f"q{i}.safetensors")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(llm.engine.config.model.path, dtype=torch.float32).eval()
+    for prompt, out in zip(prompts, outputs):
+        dump = load_file(out.hidden_states_path)
         ids = prompt + out.outputs[0].token_ids[:-1]
         assert dump["token_ids"].tolist() == ids
         with torch.inference_mode():

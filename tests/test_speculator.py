@@ -12,6 +12,7 @@ import drafter_reference as ref
 import pytest
 import torch
 import transformers
+from engine_helpers import randomize_, run_counting_preemptions
 
 from eyas import LLM, SamplingParams
 from eyas.config import ModelConfig
@@ -34,27 +35,18 @@ def drafters(tiny_models, tmp_path_factory):
 
     eagle3 = Eagle3Drafter(one_layer, parts, target_hidden_size=64, draft_vocab_size=200, aux_layer_ids=(0, 1, 2),
                            max_positions=1024, own_embedding=False)
-    _randomize(eagle3, 1)
+    randomize_(eagle3, 1)
     eagle3.set_draft_vocabulary(torch.sort(torch.randperm(320, generator=torch.Generator().manual_seed(9))[:200]).values)
     folders["eagle3"] = save_drafter(eagle3, root / "eagle3", "eagle3", verifier=None, num_speculative_tokens=None)
     folders["eagle3_speculators"] = save_drafter(eagle3, root / "speculators", "speculators",
                                                  verifier=str(target_path), num_speculative_tokens=K)
     eagle1 = Eagle1Drafter(one_layer, parts, fc_bias=True, max_positions=1024, own_embedding=False)
-    folders["eagle"] = save_drafter(_randomize(eagle1, 2), root / "eagle")
+    folders["eagle"] = save_drafter(randomize_(eagle1, 2), root / "eagle")
     for name, windows in (("mtp_1", (None,)), ("mtp_2_sliding_full", (8, None)), ("mtp_2", (64, None))):
-        mtp = _randomize(MtpDrafter(cfg, parts, sliding_windows=windows, own_heads=False, max_positions=1024), 3)
+        mtp = randomize_(MtpDrafter(cfg, parts, sliding_windows=windows, own_heads=False, max_positions=1024), 3)
         shutil.copytree(target_path, root / name)  # DeepSeek layout: MTP layers N.. inside the target folder
         folders[name] = save_drafter(mtp, root / name)
     return SimpleNamespace(target=target_path, folders={k: str(v) for k, v in folders.items()})
-
-
-def _randomize(module, seed):
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            p.copy_(1 + 0.1 * noise if name.endswith("norm.weight") else noise * (0.08 if p.dim() == 2 else 0.05))
-    return module
 
 
 CASES = {  # name -> (method, model folder key, the LLM's target: the drafter's own folder for MTP)
@@ -95,15 +87,8 @@ def test_greedy_speculation_equals_plain_batch_1_and_8_with_preemption(drafters,
     assert alone.outputs[0].token_ids == want[0]
     assert alone.spec_metrics["num_drafted"] > 0
     tight = _llm(drafters, case, num_kv_blocks=24, max_num_batched_tokens=32)  # preemption + chunked prefill
-    engine = tight.engine
-    for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, params)
-    requests = list(engine.scheduler.requests.values())
-    got = {}
-    while engine.has_unfinished_requests():
-        got.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
-    assert [got[str(i)] for i in range(8)] == want
-    assert sum(r.num_preemptions for r in requests) > 0
+    outs, preemptions = run_counting_preemptions(tight, prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == want and preemptions > 0
 
 
 def test_speculators_folder_gives_the_default_k(drafters):
