@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shlex
 import statistics
 import sys
@@ -79,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-sizes", default="1,8")
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--export", default=None,
+                   help="also keep the drafters and write prompts.json here (for peer_vllm.py --spec-model)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -87,19 +90,26 @@ def main(argv: list[str] | None = None) -> int:
     common = dict(dtype="float32", max_model_len=1024, kv_cache_gb=0.5, enable_prefix_caching=False)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     with tempfile.TemporaryDirectory() as tmp:
-        methods = make_drafters(target_path, Path(tmp))
+        root = Path(args.export or tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        methods = make_drafters(target_path, root)
         plain = LLM(str(target_path), **common)
         tok = plain.get_tokenizer()
         prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False)
                    for c in chat_prompts(max(batch_sizes) + 2)]
+        if args.export:
+            (root / "prompts.json").write_text(json.dumps(prompts[:max(batch_sizes)]))
         plain.generate(prompts[-2:], SamplingParams(max_tokens=4), use_tqdm=False)
-        decode = {}
+        decode, plain_tps = {}, {}
         for b in batch_sizes:
+            start = time.perf_counter()
             outs = plain.generate(prompts[:b], params, use_tqdm=False)
+            plain_tps[b] = b * args.max_tokens / (time.perf_counter() - start)
             decode[b] = statistics.median(o.metrics.time_per_output_token for o in outs)
         print(f"target decode step (SmolLM2-135M fp32, {args.threads} thread(s)): "
-              + ", ".join(f"B={b}: {decode[b] * 1e3:.1f} ms" for b in batch_sizes))
-        print(f"{'method':8s} {'B':>3s} {'draft step':>11s} {'/ decode':>9s} {'propose/step':>13s}")
+              + ", ".join(f"B={b}: {decode[b] * 1e3:.1f} ms ({plain_tps[b]:.1f} tok/s)" for b in batch_sizes))
+        print(f"{'method':8s} {'B':>3s} {'draft step':>11s} {'/ decode':>9s} {'propose/step':>13s} "
+              f"{'tok/s':>7s} {'vs plain':>9s} {'accepted':>9s}")
         for name, spec in methods.items():
             target = spec.pop("target", str(target_path))
             llm = LLM(target, **common, speculative_config={**spec, "num_speculative_tokens": args.k,
@@ -119,11 +129,15 @@ def main(argv: list[str] | None = None) -> int:
             llm.generate(prompts[-2:], SamplingParams(max_tokens=4), use_tqdm=False)
             for b in batch_sizes:
                 timings.clear()
-                llm.generate(prompts[:b], params, use_tqdm=False)
+                start = time.perf_counter()
+                outs = llm.generate(prompts[:b], params, use_tqdm=False)
+                tps = b * args.max_tokens / (time.perf_counter() - start)
                 per_step = statistics.median(timings)
                 draft_step = per_step / args.k
+                drafted = sum(o.spec_metrics["num_drafted"] for o in outs)
+                accepted = sum(o.spec_metrics["num_accepted"] for o in outs)
                 print(f"{name:8s} {b:3d} {draft_step * 1e3:9.2f} ms {draft_step / decode[b]:8.2f}x "
-                      f"{per_step * 1e3:10.1f} ms")
+                      f"{per_step * 1e3:10.1f} ms {tps:7.1f} {tps / plain_tps[b]:8.2f}x {accepted / drafted:8.1%}")
     return 0
 
 

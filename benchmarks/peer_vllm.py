@@ -34,8 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-sizes", default="1,8", help="comma-separated, e.g. 1,8")
     p.add_argument("--batch1-prompts", type=int, default=4,
                    help="batch size 1: how many prompts to run one at a time (times summed)")
-    p.add_argument("--spec-method", choices=("none", "ngram"), default="none")
-    p.add_argument("--k", type=int, default=4, help="speculative tokens per step (ngram)")
+    p.add_argument("--spec-method", choices=("none", "ngram", "eagle3"), default="none")
+    p.add_argument("--spec-model", default=None, help="eagle3: drafter folder (SafeAILab layout)")
+    p.add_argument("--k", type=int, default=4, help="speculative tokens per step")
     p.add_argument("--prompt-lookup-max", type=int, default=4)
     p.add_argument("--prompt-lookup-min", type=int, default=2)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
@@ -140,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
             "prompt_lookup_max": args.prompt_lookup_max,
             "prompt_lookup_min": args.prompt_lookup_min,
         }
+    elif args.spec_method == "eagle3":
+        if not args.spec_model:
+            raise SystemExit("--spec-method eagle3 needs --spec-model")
+        speculative_config = {"method": "eagle3", "model": args.spec_model, "num_speculative_tokens": args.k}
     longest = max(len(p) for p in prompts) + args.max_tokens
     if longest > args.max_model_len:
         raise SystemExit(f"prompt + max_tokens = {longest} exceeds --max-model-len {args.max_model_len}")
