@@ -59,11 +59,11 @@ CASES = {  # name -> (method, model folder key, the LLM's target: the drafter's 
 }
 
 
-def _llm(drafters, case, **over):
+def _llm(drafters, case, spec_over=None, **over):
     method, key = CASES[case]
     folder = drafters.folders[key]
     target = folder if method == "mtp" else str(drafters.target)
-    spec = {"method": method, "num_speculative_tokens": K}
+    spec = {"method": method, "num_speculative_tokens": K, **(spec_over or {})}
     if method != "mtp":
         spec["model"] = folder
     kw = dict(dtype="float32", max_model_len=256, kv_cache_gb=0.05, speculative_config=spec)
@@ -154,3 +154,17 @@ def test_speculator_misconfigurations(drafters, spec, message):
     spec = {k: drafters.folders["mtp_1"] if v == "MTP" else v for k, v in spec.items()}
     with pytest.raises(ValueError, match=message):
         LLM(str(drafters.target), dtype="float32", max_model_len=256, kv_cache_gb=0.05, speculative_config=spec)
+
+
+@pytest.mark.parametrize("case", ["eagle3", "mtp_2_sliding_full"])
+def test_seeded_sampling_with_shared_noise_is_token_identical_to_plain(drafters, case):
+    """Drafts drawn with the target's own keyed noise keep seeded sampling token-identical."""
+    params = [SamplingParams(temperature=t, top_p=0.9, seed=s, max_tokens=20, ignore_eos=True)
+              for t, s in ((0.7, 1), (1.0, 2), (0.3, 3))]
+    prompts = _prompts(3, seed=4)
+    plain = LLM(str(drafters.target), dtype="float32", max_model_len=256, kv_cache_gb=0.05)
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
+    llm = _llm(drafters, case, {"verification": "shared_noise"})
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert sum(o.spec_metrics["num_drafted"] for o in outs) > 0
