@@ -24,6 +24,12 @@ at positions 6 and 7 draft x8 and x9.
 
 No device-to-host sync: row indices come from host-side layout sizes plus the device-side
 number of emitted tokens; host-side sizes are only upper bounds for attention metadata.
+
+Prefix caching shares the drafter's blocks with the target's. A drafter entry at position ``t``
+depends on token ``t + 1``, so the last entry of a shared block was computed with the token that
+followed it in the request that filled it; a request that shares the block but continues
+differently drafts from that one stale entry until it falls out of view. Outputs are unaffected
+(verification is lossless); only acceptance can dip on such requests.
 """
 
 from __future__ import annotations
