@@ -30,10 +30,12 @@ def _engine_args(parser: argparse.ArgumentParser, speculative: bool = True) -> N
         return
     s = parser.add_argument_group("speculative decoding")
     s.add_argument("--spec-method", default=None,
-                   help="ngram, draft_model or extract_hidden_states (default: no speculation)")
-    s.add_argument("--spec-tokens", type=int, default=4, help="draft tokens per step (k)")
+                   help="ngram, draft_model, eagle, eagle3, mtp or extract_hidden_states (default: no speculation)")
+    s.add_argument("--spec-tokens", type=int, default=None,
+                   help="draft tokens per step (k); default: the checkpoint's (speculators folders), else 4")
     s.add_argument("--spec-verification", default=None, choices=["rejection", "shared_noise"])
-    s.add_argument("--spec-model", default=None, help="draft model folder or .gguf (draft_model)")
+    s.add_argument("--spec-model", default=None,
+                   help="draft model folder or .gguf (draft_model), or drafter checkpoint folder (eagle, eagle3, mtp)")
     s.add_argument("--spec-draft-layers", type=int, default=None,
                    help="self-speculation with the target's first N layers (draft_model)")
     s.add_argument("--spec-lookup-min", type=int, default=None, help="ngram: smallest n-gram to match")
@@ -58,12 +60,18 @@ def _sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
 def _spec_config(args) -> dict | None:
     if args.spec_method is None:
         return None
-    config = {"method": args.spec_method, "num_speculative_tokens": args.spec_tokens}
+    from eyas.spec.proposer import proposer_class
+
+    config = {"method": args.spec_method}
     optional = {"verification": args.spec_verification, "model": args.spec_model,
                 "draft_num_layers": args.spec_draft_layers, "prompt_lookup_min": args.spec_lookup_min,
                 "prompt_lookup_max": args.spec_lookup_max, "aux_layer_ids": args.spec_aux_layer_ids,
                 "output_dir": args.spec_output_dir, "include_output_tokens": args.spec_include_output or None}
     config.update({key: value for key, value in optional.items() if value is not None})
+    if args.spec_tokens is not None:
+        config["num_speculative_tokens"] = args.spec_tokens
+    elif proposer_class(args.spec_method).default_num_speculative_tokens(config) is None:
+        config["num_speculative_tokens"] = 4
     return config
 
 

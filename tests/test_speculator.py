@@ -168,3 +168,12 @@ def test_seeded_sampling_with_shared_noise_is_token_identical_to_plain(drafters,
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == want
     assert sum(o.spec_metrics["num_drafted"] for o in outs) > 0
+
+
+def test_cli_generate_with_a_speculators_drafter_uses_its_k(drafters, capsys):
+    from eyas.cli import main
+
+    code = main(["generate", "hello", "--model", str(drafters.target), "--max-tokens", "6", "--kv-cache-gb", "0.02",
+                 "--max-model-len", "128", "--spec-method", "eagle3", "--spec-model",
+                 drafters.folders["eagle3_speculators"]])
+    assert code == 0 and "speculation: drafted" in capsys.readouterr().err
