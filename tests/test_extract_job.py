@@ -168,12 +168,19 @@ def test_regenerate_replaces_replies_with_the_targets_own(tiny_models, tmp_path)
 
     data = tmp_path / "chats.jsonl"
     conversations = _write_conversations(data, 3, max_turns=1)
+    extra = [[{"role": "user", "content": "only a question, no reply"}],  # gets a reply
+             [{"role": "assistant", "content": "a leading reply"}, {"role": "user", "content": "hello falcon"},
+              {"role": "assistant", "content": "old"}]]  # the leading reply is dropped
+    with open(data, "a") as f:
+        for messages in extra:
+            f.write(json.dumps({"messages": messages}) + "\n")
     kwargs = dict(model=str(tiny_models["llama"]), max_len=200, progress=False, kv_cache_gb=0.02)
     regen = run_extract(str(data), tmp_path / "regen", regenerate=True, regen_max_tokens=8, **kwargs)
-    assert regen["regenerate"] and regen["num_samples"] == 3
+    assert regen["regenerate"] and regen["num_samples"] == 5
     llm = LLM(str(tiny_models["llama"]), max_model_len=200, kv_cache_gb=0.02)
     tok = llm.get_tokenizer()
-    replies = llm.chat([m[:1] for m in conversations], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+    questions = [m[:1] for m in conversations] + [extra[0], extra[1][1:2]]
+    replies = llm.chat(questions, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
     for sample, reply in zip(regen["samples"], replies):
         ids = load_file(tmp_path / "regen" / sample["file"])["token_ids"].tolist()
         answer = [t for t, m in zip(ids, runs_to_mask(sample["loss_mask_runs"])) if m]

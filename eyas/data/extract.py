@@ -106,7 +106,8 @@ def run_extract(data: str, out: str | Path, *, model: str | None = None, layers:
         stale.unlink()
     journal = Journal(out / "samples.jsonl")
     done = journal.read()
-    todo = (Sample(f"{i:06d}", c) for i, c in enumerate(itertools.islice(_conversations(data), max_samples)))
+    todo = (Sample(f"{i:06d}", _without_leading_replies(c))
+            for i, c in enumerate(itertools.islice(_conversations(data), max_samples)))
     todo = (s for s in todo if s.sample_id not in done)
     num_conversations = sum(1 for _ in itertools.islice(_conversations(data), max_samples))  # a few s for ShareGPT
     total = num_conversations - sum(1 for sample_id in done if int(sample_id) < num_conversations)
@@ -154,14 +155,20 @@ def _progress(total: int, num_done: int):
     return tqdm(total=total, desc="extract", unit="sample", dynamic_ncols=True)
 
 
+def _without_leading_replies(conversation: Conversation) -> Conversation:
+    """Drop assistant turns before the first user or system turn: nothing conditions them."""
+    messages = list(conversation.messages)
+    while messages and messages[0]["role"] == "assistant":
+        messages.pop(0)
+    return Conversation(conversation.id, messages)
+
+
 def _render(llm, sample: Sample, max_len: int) -> None:
     """Token ids and assistant-only loss mask of the (possibly regenerated) conversation."""
     if sample.skipped is not None:
         return
     tok = llm.get_tokenizer()
-    messages = list(sample.conversation.messages)
-    while messages and messages[0]["role"] == "assistant":  # nothing to condition a leading reply on
-        messages.pop(0)
+    messages = sample.conversation.messages
     try:
         ids, mask = build_loss_mask(lambda m, gen: tok.apply_chat_template(m, add_generation_prompt=gen),
                                     lambda text: tok.encode(text, add_special_tokens=False), messages)
@@ -196,17 +203,22 @@ def _regenerate(llm, samples: list[Sample], max_len: int, max_tokens: int) -> No
     """Replace each assistant turn by the target's own reply, round by round across the chunk.
 
     Round r regenerates the r-th assistant turn of every sample that has one, conditioned on the
-    regenerated turns before it. A sample whose history no longer fits ``max_len`` keeps only
-    its turns before that point.
+    regenerated turns before it; a conversation that ends with a user turn gets a reply to it too.
+    A sample whose history no longer fits ``max_len`` keeps only its turns before that point.
     """
     tok = llm.get_tokenizer()
     params = SamplingParams(max_tokens=max_tokens, temperature=0, speculate=False)  # no dump
-    history = {s.sample_id: list(s.conversation.messages) for s in samples}
+    history = {}
+    for s in samples:
+        messages = list(s.conversation.messages)
+        if messages and messages[-1]["role"] == "user":
+            messages.append({"role": "assistant", "content": ""})  # filled below
+        history[s.sample_id] = messages
     for r in itertools.count():
         batch, prompts = [], []
         for sample in samples:
             messages = history[sample.sample_id]
-            turns = [j for j, m in enumerate(messages) if m["role"] == "assistant" and j > 0]
+            turns = [j for j, m in enumerate(messages) if m["role"] == "assistant"]
             if r >= len(turns):
                 continue
             j = turns[r]
