@@ -23,6 +23,7 @@ at the prefix's last position instead (4 above), overwriting its step layer's en
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -44,7 +45,7 @@ class TargetParts:
     lm_head: nn.Module  # Ht -> V
 
 
-class Drafter(nn.Module):
+class Drafter(nn.Module, ABC):
     """Base class; subclasses set the declared attributes below (from their class or config).
 
     ``forward(step, input_ids [T], positions [T], hidden [T, H_in])`` returns
@@ -76,13 +77,15 @@ class Drafter(nn.Module):
         table = self.target.embed_tokens if self.embed_tokens is None else self.embed_tokens
         return table(input_ids)
 
+    @abstractmethod
     def attention_layers(self) -> list[Attention]:
         """The drafter's attention layers, for the runner to assign KV-cache groups and bind caches."""
-        raise NotImplementedError
 
+    @abstractmethod
     def forward(self, step: int, input_ids: torch.Tensor, positions: torch.Tensor,
                 hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def compute_logits(self, step: int, hidden: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        ...
