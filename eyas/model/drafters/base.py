@@ -57,6 +57,8 @@ class Drafter(nn.Module, ABC):
     method: ClassVar[str]  # "eagle", "eagle3", "mtp"
     target_hidden: ClassVar[str]  # step 0's hidden: "aux" (concatenated aux states) or "last" (the target's
     # last hidden state after its final norm, ``ModelOutput.hidden``)
+    # every tensor of its checkpoint files is its own (False: MTP layers sit among the target's tensors)
+    owns_checkpoint_files: ClassVar[bool] = True
 
     def __init__(self, target: TargetParts, vocab_size: int, shares_target_head: bool):
         super().__init__()

@@ -205,18 +205,22 @@ def _aux_layer_ids(hf: dict, num_layers: int, file: Path) -> tuple[int, ...]:
     return tuple(sorted(raw + shift for raw in ids))
 
 
-def _build(spec: DrafterSpec, files: TensorFiles, parts: TargetParts, max_positions: int) -> Drafter:
+def _build_mtp(spec: DrafterSpec, files: TensorFiles, parts: TargetParts, max_positions: int) -> Drafter:
+    cfg = ModelConfig.from_folder(spec.path)
+    windows = _mtp_windows(spec.config, spec.num_mtp_layers, spec.config_file)
+    own_heads = f"model.layers.{cfg.num_layers}.shared_head.head.weight" in files
+    return MtpDrafter(cfg, parts, sliding_windows=windows, own_heads=own_heads, max_positions=max_positions)
+
+
+def _build_eagle1(spec: DrafterSpec, files: TensorFiles, parts: TargetParts, max_positions: int) -> Drafter:
+    return Eagle1Drafter(layer_config(spec.config, spec.path), parts, fc_bias=spec.config.get("bias", True),
+                         max_positions=max_positions, own_embedding="embed_tokens.weight" in files)
+
+
+def _build_eagle3(spec: DrafterSpec, files: TensorFiles, parts: TargetParts, max_positions: int) -> Drafter:
     hf, file = spec.config, spec.config_file
-    if spec.method == "mtp":
-        cfg, n = ModelConfig.from_folder(spec.path), spec.num_mtp_layers
-        windows = _mtp_windows(hf, n, file)
-        own_heads = f"model.layers.{cfg.num_layers}.shared_head.head.weight" in files
-        return MtpDrafter(cfg, parts, sliding_windows=windows, own_heads=own_heads, max_positions=max_positions)
     cfg = layer_config(hf.get("transformer_layer_config", hf), spec.path)
     own_embedding = "embed_tokens.weight" in files
-    if spec.method == "eagle":
-        return Eagle1Drafter(cfg, parts, fc_bias=hf.get("bias", True), max_positions=max_positions,
-                             own_embedding=own_embedding)
     if not own_embedding and spec.hidden_size != spec.target_hidden_size:
         raise ValueError(f"drafter: hidden_size {spec.hidden_size} differs from the target's {spec.target_hidden_size} "
                          f"and {spec.path} has no embed_tokens.weight of its own (drafter: {file})")
@@ -235,6 +239,13 @@ def _build(spec: DrafterSpec, files: TensorFiles, parts: TargetParts, max_positi
                          max_positions=max_positions, own_embedding=own_embedding)
 
 
+_BUILDERS = {"mtp": _build_mtp, "eagle": _build_eagle1, "eagle3": _build_eagle3}  # method -> network builder
+
+
+def _build(spec: DrafterSpec, files: TensorFiles, parts: TargetParts, max_positions: int) -> Drafter:
+    return _BUILDERS[spec.method](spec, files, parts, max_positions)
+
+
 def _mtp_windows(hf: dict, num_mtp_layers: int, file: Path) -> tuple[int | None, ...]:
     types = hf.get("mtp_layer_types") or ["full_attention"] * num_mtp_layers
     if len(types) != num_mtp_layers or not set(types) <= {"full_attention", "sliding_attention"}:
@@ -250,7 +261,7 @@ def _mtp_windows(hf: dict, num_mtp_layers: int, file: Path) -> tuple[int | None,
 def _fill(drafter: Drafter, spec: DrafterSpec, files: TensorFiles) -> None:
     """Copy every checkpoint tensor into the drafter; a missing or misshapen tensor is an error."""
     renames = prefix_renames(spec.layout, drafter.config.num_layers, spec.num_mtp_layers)
-    gemma = spec.method == "mtp" and bool(spec.config.get("mtp_gemma_norm"))
+    gemma = bool(spec.config.get("mtp_gemma_norm"))  # an MTP-layout key
     missing, used = [], set()
     state = drafter.state_dict()
     derived = {"t2d"} | ({"d2t"} if spec.draft_vocab_size == spec.vocab_size else set())
@@ -271,12 +282,10 @@ def _fill(drafter: Drafter, spec: DrafterSpec, files: TensorFiles) -> None:
     if missing:
         raise ValueError(f"drafter: {len(missing)} tensors missing from {spec.path}, e.g. {missing[:3]} "
                          f"({spec.layout} layout)")
-    if spec.method == "mtp":
-        return
     unexpected = sorted(set(files.where) - used - {"t2d", "d2t"})
-    if unexpected:
+    if unexpected and drafter.owns_checkpoint_files:
         raise ValueError(f"drafter: unexpected tensors in {spec.path}, e.g. {unexpected[:3]} ({spec.layout} layout)")
-    if spec.method == "eagle3":
+    if isinstance(drafter, Eagle3Drafter):
         _check_draft_vocabulary(drafter, files, spec)
 
 

@@ -62,6 +62,7 @@ class MtpDrafter(Drafter):
 
     method = "mtp"
     target_hidden = "last"
+    owns_checkpoint_files = False
 
     def __init__(self, cfg: ModelConfig, target: TargetParts, *, sliding_windows: tuple[int | None, ...],
                  own_heads: bool, max_positions: int):
