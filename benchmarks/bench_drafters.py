@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_common import batch_sizes
 
 from eyas import LLM, SamplingParams
 from eyas.config import ModelConfig
@@ -77,14 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--batch-sizes", default="1,8")
+    p.add_argument("--batch-sizes", type=batch_sizes, default="1,8")
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--export", default=None,
                    help="also keep the drafters and write prompts.json here (for peer_vllm.py --spec-model)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    sizes = args.batch_sizes
     target_path = resolve_model(args.model)
     print("command:", shlex.join(["python", *sys.argv]))
     common = dict(dtype="float32", max_model_len=1024, kv_cache_gb=0.5, enable_prefix_caching=False)
@@ -96,18 +97,18 @@ def main(argv: list[str] | None = None) -> int:
         plain = LLM(str(target_path), **common)
         tok = plain.get_tokenizer()
         prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False)
-                   for c in chat_prompts(max(batch_sizes) + 2)]
+                   for c in chat_prompts(max(sizes) + 2)]
         if args.export:
-            (root / "prompts.json").write_text(json.dumps(prompts[:max(batch_sizes)]))
+            (root / "prompts.json").write_text(json.dumps(prompts[:max(sizes)]))
         plain.generate(prompts[-2:], SamplingParams(max_tokens=4), use_tqdm=False)
         decode, plain_tps = {}, {}
-        for b in batch_sizes:
+        for b in sizes:
             start = time.perf_counter()
             outs = plain.generate(prompts[:b], params, use_tqdm=False)
             plain_tps[b] = b * args.max_tokens / (time.perf_counter() - start)
             decode[b] = statistics.median(o.metrics.time_per_output_token for o in outs)
         print(f"target decode step (SmolLM2-135M fp32, {args.threads} thread(s)): "
-              + ", ".join(f"B={b}: {decode[b] * 1e3:.1f} ms ({plain_tps[b]:.1f} tok/s)" for b in batch_sizes))
+              + ", ".join(f"B={b}: {decode[b] * 1e3:.1f} ms ({plain_tps[b]:.1f} tok/s)" for b in sizes))
         print(f"{'method':8s} {'B':>3s} {'draft step':>11s} {'/ decode':>9s} {'propose/step':>13s} "
               f"{'tok/s':>7s} {'vs plain':>9s} {'accepted':>9s}")
         for name, spec in methods.items():
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
             proposer.propose = timed
             llm.generate(prompts[-2:], SamplingParams(max_tokens=4), use_tqdm=False)
-            for b in batch_sizes:
+            for b in sizes:
                 timings.clear()
                 start = time.perf_counter()
                 outs = llm.generate(prompts[:b], params, use_tqdm=False)

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_common import batch_sizes
 
 from eyas import LLM, SamplingParams
 from eyas.config import ModelConfig
@@ -47,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="model folder or .gguf (default: built-in SmolLM2-135M)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--threads", type=int, default=2, help="torch threads for eyas and HF alike")
-    p.add_argument("--batch-sizes", default="1,8,32", help="comma-separated, e.g. 1,8,32")
+    p.add_argument("--batch-sizes", type=batch_sizes, default="1,8,32", help="comma-separated, e.g. 1,8,32")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt")
     p.add_argument("--hf-max-tokens", type=int, default=None,
                    help="new tokens per prompt for HF only (default: --max-tokens); HF tok/s is "
@@ -56,12 +57,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-reps", type=int, default=3, help="batch-1 requests for the decode step time")
     p.add_argument("--skip-hf", action="store_true", help="time eyas only")
     args = p.parse_args(argv)
-    try:
-        args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
-    except ValueError:
-        p.error(f"--batch-sizes {args.batch_sizes!r}: expected comma-separated integers like 1,8,32")
-    if not args.batch_sizes or min(args.batch_sizes) < 1:
-        p.error(f"--batch-sizes {args.batch_sizes}: need at least one size, all >= 1")
     if args.threads < 1:
         p.error(f"--threads {args.threads}: must be >= 1")
     if args.max_tokens < 2:

@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from bench_common import batch_sizes
 
 # run as a script, benchmarks/ is on sys.path
 from bench_engine import DTYPES, cpu_bf16_note
@@ -52,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="model folder or .gguf (default: built-in SmolLM2-135M)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--threads", type=int, default=1, help="torch threads for eyas and HF alike")
-    p.add_argument("--batch-sizes", default="1,8", help="comma-separated, e.g. 1,8")
+    p.add_argument("--batch-sizes", type=batch_sizes, default="1,8", help="comma-separated, e.g. 1,8")
     p.add_argument("--max-tokens", type=int, default=128, help="most new tokens per prompt (EOS stops earlier)")
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens (HF: prompt_lookup_num_tokens)")
     p.add_argument("--lookup-min", type=int, default=2, help="eyas prompt_lookup_min")
@@ -64,12 +65,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="as --batch1-prompts, for HF only (default: the same), when HF is too slow")
     p.add_argument("--skip-hf", action="store_true", help="time eyas only")
     args = p.parse_args(argv)
-    try:
-        args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
-    except ValueError:
-        p.error(f"--batch-sizes {args.batch_sizes!r}: expected comma-separated integers like 1,8")
-    if not args.batch_sizes or min(args.batch_sizes) < 1:
-        p.error(f"--batch-sizes {args.batch_sizes}: need at least one size, all >= 1")
     for name in ("threads", "max_tokens", "k", "num_prompts", "batch1_prompts"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")
