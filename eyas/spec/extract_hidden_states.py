@@ -12,7 +12,7 @@ same forward, no second pass). Per step:
    were written when that prefix was computed (states depend on the prefix tokens only).
 2. It returns no drafts, so the next step is a plain decode (a k = 0 verification). vLLM returns
    the sampled token as a draft because its scheduler always schedules k slots; eyas needs no
-   such placeholder. ``num_speculative_tokens`` must still be 1, as in vLLM's configuration.
+   stand-in. ``num_speculative_tokens`` must still be 1, as in vLLM's configuration.
 3. The connector, ``request_finished``: when a request ends normally (not aborted), its blocks
    still hold its states; their rows are gathered to host memory and handed to writer threads
    that write ``{output_dir}/{request_id}.safetensors`` with ``hidden_states [num_tokens,
