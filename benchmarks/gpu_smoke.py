@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eyas import LLM, SamplingParams  # noqa: E402
 
 
-def main() -> None:
-    folder = Path(tempfile.mkdtemp()) / "smollm2-shape"
+def random_smollm2_shape(folder: Path) -> Path:
+    """A random-init Llama with SmolLM2-135M's shape and a word-level tokenizer, saved in ``folder``."""
     cfg = transformers.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                                    num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
                                    rope_theta=100000.0, tie_word_embeddings=True, rms_norm_eps=1e-5)
@@ -25,6 +25,11 @@ def main() -> None:
     transformers.LlamaForCausalLM(cfg).save_pretrained(folder)
     from tokenizers import Tokenizer, models
     Tokenizer(models.WordLevel({str(i): i for i in range(49152)}, unk_token="0")).save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def main() -> None:
+    folder = random_smollm2_shape(Path(tempfile.mkdtemp()) / "smollm2-shape")
     llm = LLM(str(folder), dtype="bfloat16", device="cuda", max_model_len=1024)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).cuda().eval()
     params = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)

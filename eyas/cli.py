@@ -26,6 +26,7 @@ def _engine_args(parser: argparse.ArgumentParser, speculative: bool = True) -> N
     g.add_argument("--kv-cache-gb", type=float, default=1.0, help="memory budget of the paged KV cache")
     g.add_argument("--no-prefix-caching", action="store_true")
     g.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads)")
+    g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     if not speculative:
         return
     s = parser.add_argument_group("speculative decoding")
@@ -81,7 +82,7 @@ def _make_llm(args):
     return LLM(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                kv_cache_gb=args.kv_cache_gb, enable_prefix_caching=not args.no_prefix_caching,
-               num_threads=args.threads, speculative_config=_spec_config(args))
+               num_threads=args.threads, enforce_eager=args.enforce_eager, speculative_config=_spec_config(args))
 
 
 def _spec_line(metrics: dict) -> str:

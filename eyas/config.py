@@ -119,6 +119,7 @@ class EngineConfig:
     dtype: torch.dtype
     device: torch.device
     seed: int = 0
+    enforce_eager: bool = False  # no CUDA graphs (they are used on CUDA only)
     speculative: Any = None  # eyas.spec.config.SpeculativeConfig, set by the speculative issue
 
     @property

@@ -36,7 +36,8 @@ class LLM:
 
     ``model``: None or ``"smollm2"`` for the built-in SmolLM2-135M-Instruct, an HF folder, or a
     ``.gguf`` file. ``dtype``: ``"auto"`` (bfloat16 on CUDA, float32 on CPU), ``"bfloat16"``,
-    ``"float16"`` or ``"float32"``.
+    ``"float16"`` or ``"float32"``. ``enforce_eager``: no CUDA graphs (on CUDA, drafters replay
+    captured graphs of their draft steps; CPU runs are always eager).
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, dtype: str | torch.dtype = "auto",
@@ -44,7 +45,7 @@ class LLM:
                  max_num_batched_tokens: int = 2048, kv_cache_gb: float = 1.0, num_kv_blocks: int | None = None,
                  block_size: int = 16, enable_prefix_caching: bool = True, seed: int = 0,
                  speculative_config: dict | None = None, attention_backend: str | None = None,
-                 num_threads: int | None = None):
+                 num_threads: int | None = None, enforce_eager: bool = False):
         _setup_logging()
         if num_threads is not None:
             if num_threads < 1:
@@ -70,6 +71,7 @@ class LLM:
             dtype=EngineConfig.resolve_dtype(dtype, dev),
             device=dev,
             seed=seed,
+            enforce_eager=enforce_eager,
             speculative=SpeculativeConfig.from_dict(speculative_config) if speculative_config else None,
         )
         self.tokenizer = Tokenizer.from_folder(path)

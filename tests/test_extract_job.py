@@ -108,7 +108,7 @@ def test_real_model_tokens_and_masks_match_an_independent_rendering(tmp_path):
 
 def _job(tmp_path, model, data, out, extra=()):
     cmd = [sys.executable, "-m", "eyas.cli", "extract", "--data", str(data), "--out", str(out), "--model", str(model),
-           "--chunk-size", "3", "--max-len", "200", "--kv-cache-gb", "0.02", "--threads", "1", *extra]
+           "--chunk-size", "3", "--max-len", "200", "--kv-cache-gb", "0.02", "--threads", "1", "--dtype", "float32", *extra]
     return cmd
 
 
@@ -140,7 +140,7 @@ def test_kill_9_mid_run_then_resume_keeps_every_sample_exactly_once(tiny_models,
     # every file loads and equals what an uninterrupted run writes
     clean = tmp_path / "clean"
     run_extract(str(data), clean, model=str(tiny_models["llama"]), max_len=200, chunk_size=50, progress=False,
-                kv_cache_gb=0.02)
+                kv_cache_gb=0.02, dtype="float32")
     for sample in manifest["samples"]:
         got, ref = load_file(out / sample["file"]), load_file(clean / sample["file"])
         assert got["token_ids"].tolist() == ref["token_ids"].tolist()

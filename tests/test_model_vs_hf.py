@@ -93,6 +93,6 @@ def test_aux_hidden_states_follow_the_vllm_layer_convention(tiny_models, arch):
     # HF's last hidden_states entry is already normed; the pre-norm stream N is checked through its norm
     torch.testing.assert_close(aux[:, 0], ref[0][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(aux[:, 1], ref[2][0], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(engine.runner.model.norm(aux[:, 2].to(last.device)).cpu(), ref[num_layers][0],
+    torch.testing.assert_close(engine.runner.model.norm(aux[:, 2].to(engine.runner.device)).cpu(), ref[num_layers][0],
                                rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(last, ref[num_layers][0], rtol=1e-4, atol=1e-4)

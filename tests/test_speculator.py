@@ -177,3 +177,63 @@ def test_cli_generate_with_a_speculators_drafter_uses_its_k(drafters, capsys):
                  "--max-model-len", "128", "--spec-method", "eagle3", "--spec-model",
                  drafters.folders["eagle3_speculators"]])
     assert code == 0 and "speculation: drafted" in capsys.readouterr().err
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _drafts_per_step(llm, prompts, params) -> tuple[list, list]:
+    """(every step's drafts as lists, the outputs' token ids)."""
+    proposer = llm.engine.runner.proposer
+    steps, original = [], proposer.propose
+
+    def recording(inp):
+        out = original(inp)
+        steps.append(out.draft_token_ids.tolist())
+        return out
+
+    proposer.propose = recording
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return steps, [o.outputs[0].token_ids for o in outs]
+
+
+def _mixed_batch():
+    """Batch sizes 7 down to 1 (off the ladder), chunked prompts beside decodes, preemption-free."""
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in (4, 9, 14, 6, 20, 11, 17)]
+    return _prompts(7, seed=5), params
+
+
+@pytest.mark.parametrize("case", ["eagle", "eagle3", "mtp_1", "mtp_2_sliding_full"])
+def test_graph_layout_run_eagerly_proposes_the_eager_drafts(drafters, case):
+    """The padded layout that CUDA graphs replay (batch padded up the ladder, queries to k+1 rows per
+    request, block tables to a power of two), run eagerly on the CPU, drafts exactly what the flat path does."""
+    from eyas.runner.cuda_graphs import StepGraphs
+
+    prompts, params = _mixed_batch()
+    want = _drafts_per_step(_llm(drafters, case, max_num_batched_tokens=48), prompts, params)
+    llm = _llm(drafters, case, max_num_batched_tokens=48)
+    proposer = llm.engine.runner.proposer
+    proposer.graphs = StepGraphs(torch.device("cpu"), 64, capture=False)
+    uniform_calls, original = [], proposer._prefill_uniform
+
+    def counting(*args):
+        uniform_calls.append(args[-1])  # the padded batch size
+        return original(*args)
+
+    proposer._prefill_uniform = counting
+    assert _drafts_per_step(llm, prompts, params) == want
+    assert {1, 2, 4, 8} <= set(uniform_calls)  # 7, 5, 3 requests decoding were padded up
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", ["eagle3", "mtp_2_sliding_full"])
+def test_cuda_graphs_propose_the_eager_drafts(drafters, case):
+    prompts, params = _mixed_batch()
+    kw = dict(device="cuda", max_num_batched_tokens=48)
+    eager = _drafts_per_step(_llm(drafters, case, enforce_eager=True, **kw), prompts, params)
+    llm = _llm(drafters, case, **kw)
+    graphed = _drafts_per_step(llm, prompts, params)
+    assert llm.engine.runner.proposer.graphs.num_graphs > 0
+    assert graphed == eager
+    plain = LLM(str(drafters.target), dtype="float32", max_model_len=256, kv_cache_gb=0.05, device="cuda")
+    assert graphed[1] == [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]

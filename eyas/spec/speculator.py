@@ -25,6 +25,15 @@ at positions 6 and 7 draft x8 and x9.
 No device-to-host sync: row indices come from host-side layout sizes plus the device-side
 number of emitted tokens; host-side sizes are only upper bounds for attention metadata.
 
+**CUDA graphs** (CUDA, unless ``enforce_eager``): draft decode steps run over rows padded to a
+batch-size ladder (padding rows write the null block), with block tables padded to a power of
+two of blocks, and metadata built inside the step from device tensors; each (step layer, batch,
+table width) is captured once (``eyas.runner.cuda_graphs``) and replayed. The draft prefill is
+graphed too when every query fits k+1 rows (decodes and verifications, no prompt chunk): the
+layout is then made uniform, request b's tokens moved to rows ``b * (k+1) ..``. Batches with
+prompt chunks take the flat eager prefill. On the CPU the decode steps run the same padded-row
+code eagerly without padding.
+
 Prefix caching shares the drafter's blocks with the target's. A drafter entry at position ``t``
 depends on token ``t + 1``, so the last entry of a shared block was computed with the token that
 followed it in the request that filled it; a request that shares the block but continues
@@ -34,6 +43,7 @@ differently drafts from that one stale entry until it falls out of view. Outputs
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import ClassVar
@@ -41,10 +51,19 @@ from typing import ClassVar
 import torch
 
 from eyas.config import EngineConfig
+from eyas.kv.block_pool import NULL_BLOCK
 from eyas.kv.manager import KVCacheGroupSpec
-from eyas.model.attention import AttentionBatch, block_table_tensor, default_backend, get_backend, layout_slots
+from eyas.model.attention import (
+    AttentionBatch,
+    UniformBatch,
+    block_table_tensor,
+    default_backend,
+    get_backend,
+    layout_slots,
+)
 from eyas.model.drafters.checkpoint import load_drafter
 from eyas.model.forward_context import ForwardContext, forward_context
+from eyas.runner.cuda_graphs import StepGraphs
 from eyas.spec.draft_sampling import DraftSampler
 from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
 
@@ -79,6 +98,9 @@ class HiddenStateSpeculator(Proposer):
         self.block_size = config.cache.block_size
         self.backend = get_backend(default_backend(config.device))
         self.layers = self.drafter.attention_layers()
+        self.max_blocks = -(-config.max_positions // self.block_size)  # the widest block table of a request
+        use_graphs = config.device.type == "cuda" and not config.enforce_eager
+        self.graphs = StepGraphs(config.device, config.scheduler.max_num_seqs, capture=True) if use_graphs else None
 
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]:
         return [KVCacheGroupSpec(f"{self.method}.{i}", (f"drafter.layers.{i}",),
@@ -111,36 +133,27 @@ class HiddenStateSpeculator(Proposer):
             nxt[torch.tensor(rows, device=nxt.device)] = emitted
         return nxt
 
-    def _forward(self, step: int, input_ids, positions, hidden, batches: dict[int, AttentionBatch]):
-        meta = {g: self.backend.build_metadata(batch, self.device) for g, batch in batches.items()}
-        with forward_context(ForwardContext(self.backend, meta)):
-            return self.drafter(step, input_ids, positions, hidden)
-
     @torch.inference_mode()
     def propose(self, inp: ProposerInput) -> ProposerOutput:
-        dev, bs, drafter = self.device, self.block_size, self.drafter
-        qsl, seq_lens = inp.query_start_loc, inp.seq_lens
-        q_lens = qsl[1:] - qsl[:-1]
+        dev, drafter = self.device, self.drafter
         hidden = inp.aux_hidden_states.flatten(1) if drafter.target_hidden == "aux" else inp.hidden_states
-        tables = {layer.kv_cache_group: block_table_tensor([t[layer.kv_cache_group] for t in inp.block_tables])
-                  for layer in self.layers}
-        batches = {}
-        for layer in self.layers:
-            table = tables[layer.kv_cache_group]
-            _, slots = layout_slots(table, qsl, seq_lens, bs)
-            batches[layer.kv_cache_group] = AttentionBatch(qsl, seq_lens, table, slots, bs, int(q_lens.max()),
-                                                           int(seq_lens.max()), layer.sliding_window)
+        tables = [block_table_tensor([t[layer.kv_cache_group] for t in inp.block_tables]) for layer in self.layers]
         next_ids = self._next_tokens(inp)
-        for step in range(drafter.num_step_layers):  # draft prefill: every step layer over the layout
-            out = self._forward(step, next_ids, inp.positions, hidden, batches)
-            if step == 0:
-                logits_hidden, feedback = out
+        q_lens = inp.query_start_loc[1:] - inp.query_start_loc[:-1]
+        padded = self._graph_batch_size(len(q_lens)) if int(q_lens.max()) <= self.k + 1 else None
+        if padded is None:
+            logits_hidden, feedback = self._prefill(inp, next_ids, hidden, tables)
+            row_start = inp.query_start_loc[:-1]
+        else:
+            logits_hidden, feedback = self._prefill_uniform(inp, next_ids, hidden, tables, padded)
+            row_start = torch.arange(len(q_lens)) * (self.k + 1)
         num_rows = len(inp.sample_rows)
         if num_rows == 0:
             return ProposerOutput(torch.zeros(0, self.k, dtype=torch.int64, device=dev),
                                   torch.zeros(0, dtype=torch.int64, device=dev))
-        committed = torch.tensor([int(qsl[b + 1]) - 1 - n for b, n in zip(inp.sample_rows, inp.num_drafts)])
-        rows = committed.to(dev) + inp.num_emitted - 1  # [R] row of the last emitted token's predecessor
+        # row of each request's last committed token, then of the last emitted token's predecessor
+        committed = (row_start + q_lens)[inp.sample_rows] - 1 - torch.tensor(inp.num_drafts, dtype=torch.int64)
+        rows = committed.to(dev) + inp.num_emitted - 1  # [R]
         logits_hidden, feedback = logits_hidden[rows], feedback[rows]
         history = torch.tensor([len(t) for t in inp.token_ids], dtype=torch.int64, device=dev)
         first_draft_pos = history + inp.num_emitted  # [R] sequence position of draft 0
@@ -148,20 +161,24 @@ class HiddenStateSpeculator(Proposer):
         x = sampler.sample(drafter.compute_logits(0, logits_hidden), first_draft_pos)
         drafts = [x]
         pos = first_draft_pos - 2  # [R] the drafter position of that row
-        tables = {g: t[inp.sample_rows].to(dev) for g, t in tables.items()}
-        max_seq = max(len(t) for t in inp.token_ids) + inp.emitted.shape[1] + self.k
-        one = torch.arange(num_rows + 1, device=dev)
+        tables = [t[inp.sample_rows].to(dev) for t in tables]
         saved = None if drafter.advances_positions else self._entries(tables, pos)
+        # draft decode over rows padded to the graph's batch size (padding rows write the null block)
+        size = self._graph_batch_size(num_rows) or num_rows
+        width = self._table_width(tables[0].shape[1])
+        x_in = torch.zeros(size, dtype=torch.int64, device=dev)
+        pos_in = torch.zeros(size, dtype=torch.int64, device=dev)
+        feedback_in = feedback.new_zeros(size, feedback.shape[1])
+        tables_in = [_pad_table(t, size, width) for t in tables]
         for j in range(1, self.k):
             if drafter.advances_positions:
                 pos = pos + 1
-            batches = {}
-            for layer in self.layers:
-                g, table = layer.kv_cache_group, tables[layer.kv_cache_group]
-                slots = table.gather(1, (pos // bs)[:, None]).squeeze(1) * bs + pos % bs
-                batches[g] = AttentionBatch(one, pos + 1, table, slots, bs, 1, max_seq, layer.sliding_window)
-            logits_hidden, feedback = self._forward(j, x, pos, feedback, batches)
-            x = sampler.sample(drafter.compute_logits(j, logits_hidden), first_draft_pos + j)
+            x_in[:num_rows], pos_in[:num_rows], feedback_in[:num_rows] = x, pos, feedback
+            key = ("decode", j % drafter.num_step_layers, size, width)
+            logits, feedback = self._run(key, functools.partial(self._decode_step, j), x_in, pos_in, feedback_in,
+                                         *tables_in)
+            feedback = feedback[:num_rows]
+            x = sampler.sample(logits[:num_rows], first_draft_pos + j)
             drafts.append(x)
         if saved is not None:
             for layer, (slots, entries) in zip(self.layers, saved):
@@ -169,15 +186,92 @@ class HiddenStateSpeculator(Proposer):
         return ProposerOutput(torch.stack(drafts, dim=1), torch.full((num_rows,), self.k, device=dev),
                               sampler.draft_probs())
 
-    def _entries(self, tables: dict[int, torch.Tensor], pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _graph_batch_size(self, n: int) -> int | None:
+        return self.graphs.padded_batch_size(n) if self.graphs is not None else None
+
+    def _table_width(self, width: int) -> int:
+        """Block-table columns of a step: with graphs the next power of two (at least 4), so that a few graphs
+        cover every context length; else exact."""
+        if self.graphs is None:
+            return width
+        return min(max(4, 1 << (width - 1).bit_length()), max(self.max_blocks, width))
+
+    def _run(self, key, fn, *inputs):
+        return self.graphs.run(key, fn, *inputs) if self.graphs is not None else fn(*inputs)
+
+    def _prefill(self, inp: ProposerInput, next_ids: torch.Tensor, hidden: torch.Tensor,
+                 tables: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft prefill over the verification forward's own flat layout (any query lengths)."""
+        qsl, seq_lens = inp.query_start_loc, inp.seq_lens
+        max_q, max_seq = int((qsl[1:] - qsl[:-1]).max()), int(seq_lens.max())
+        meta = {}
+        for layer, table in zip(self.layers, tables):
+            _, slots = layout_slots(table, qsl, seq_lens, self.block_size)
+            batch = AttentionBatch(qsl, seq_lens, table, slots, self.block_size, max_q, max_seq, layer.sliding_window)
+            meta[layer.kv_cache_group] = self.backend.build_metadata(batch, self.device)
+        with forward_context(ForwardContext(self.backend, meta)):
+            outs = [self.drafter(step, next_ids, inp.positions, hidden) for step in range(self.drafter.num_step_layers)]
+        return outs[0]
+
+    def _prefill_uniform(self, inp: ProposerInput, next_ids: torch.Tensor, hidden: torch.Tensor,
+                         tables: list[torch.Tensor], size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft prefill of a batch whose queries all fit k+1 rows, on the uniform layout of ``size`` requests.
+
+        Request b's tokens move to rows ``b * (k+1) ..``; returns states over those ``size * (k+1)`` rows.
+        """
+        dev, width = self.device, self.k + 1
+        qsl = inp.query_start_loc
+        q_lens = qsl[1:] - qsl[:-1]
+        req = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens)
+        rows = (req * width + torch.arange(len(req)) - qsl[:-1][req]).to(dev)  # [T] uniform row of each token
+        num = size * width
+        ids = next_ids.new_zeros(num).index_copy_(0, rows, next_ids)
+        positions = inp.positions.new_zeros(num).index_copy_(0, rows, inp.positions)
+        states = hidden.new_zeros(num, hidden.shape[1]).index_copy_(0, rows, hidden)
+        q_lens_in = torch.zeros(size, dtype=torch.int64)
+        q_lens_in[:len(q_lens)] = q_lens
+        seq_lens_in = torch.zeros(size, dtype=torch.int64)
+        seq_lens_in[:len(q_lens)] = inp.seq_lens
+        blocks = self._table_width(tables[0].shape[1])
+        tables_in = [_pad_table(t, size, blocks).to(dev) for t in tables]
+        return self._run(("prefill", size, blocks), self._prefill_step, ids, positions, states, q_lens_in.to(dev),
+                         seq_lens_in.to(dev), *tables_in)
+
+    def _prefill_step(self, input_ids, positions, hidden, q_lens, seq_lens, *tables):
+        """The graphed draft prefill: every step layer over the uniform layout; step 0's states."""
+        width = input_ids.shape[0] // q_lens.shape[0]
+        meta = {layer.kv_cache_group: self.backend.build_uniform_metadata(
+                    UniformBatch(q_lens, seq_lens, table, self.block_size, width, layer.sliding_window))
+                for layer, table in zip(self.layers, tables)}
+        with forward_context(ForwardContext(self.backend, meta)):
+            outs = [self.drafter(step, input_ids, positions, hidden) for step in range(self.drafter.num_step_layers)]
+        return outs[0]
+
+    def _decode_step(self, step: int, input_ids, positions, hidden, *tables):
+        """One draft decode step of one token per row -> (float32 logits [B, V], feedback [B, H])."""
+        meta = {layer.kv_cache_group: self.backend.build_uniform_metadata(
+                    UniformBatch(torch.ones_like(positions), positions + 1, table, self.block_size, 1,
+                                 layer.sliding_window))
+                for layer, table in zip(self.layers, tables)}
+        with forward_context(ForwardContext(self.backend, meta)):
+            logits_hidden, feedback = self.drafter(step, input_ids, positions, hidden)
+        return self.drafter.compute_logits(step, logits_hidden), feedback
+
+    def _entries(self, tables: list[torch.Tensor], pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Copies of each layer's cache entries at ``pos`` (decode steps that stay put overwrite them)."""
         out = []
-        for layer in self.layers:
-            table = tables[layer.kv_cache_group]
+        for layer, table in zip(self.layers, tables):
             slots = table.gather(1, (pos // self.block_size)[:, None]).squeeze(1) * self.block_size \
                 + pos % self.block_size
             out.append((slots, layer.kv_cache[:, slots].clone()))
         return out
+
+
+def _pad_table(table: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """[R, W'] block table -> [rows, width], padded with the null block."""
+    out = table.new_full((rows, width), NULL_BLOCK)
+    out[:table.shape[0], :table.shape[1]] = table
+    return out
 
 
 def speculators_redirect(folder: Path) -> tuple[str, dict] | None:

@@ -31,6 +31,28 @@ class AttentionBatch:
     sliding_window: int | None = None  # a query sees only the last ``sliding_window`` keys (itself included)
 
 
+@dataclass
+class UniformBatch:
+    """Device-side description of a forward over a *uniform* layout, for CUDA graphs.
+
+    Request b owns rows ``b * width .. b * width + width - 1``; the first ``q_lens[b]`` are its
+    real tokens, the last ``q_lens[b]`` of its ``seq_lens[b]`` context tokens, and the rest are
+    padding. Every tensor lives on the device and the shapes depend only on (B, width, W), so
+    metadata built from it needs no host read and can be captured in a graph. Padding rows write
+    into the null block and see key 0 only; a padding request has q_len 0 and seq_len 0.
+
+    Example (block_size 4, width 3): request 0 with q_len 1, seq_len 6 owns rows 0..2, row 0 at
+    position 5 (slot ``table[0, 1] * 4 + 1``), rows 1 and 2 padding.
+    """
+
+    q_lens: torch.Tensor  # [B] int64
+    seq_lens: torch.Tensor  # [B] int64
+    block_table: torch.Tensor  # [B, W] int64, padded with the null block; keys 0 .. W * block_size - 1 are visited
+    block_size: int
+    width: int  # rows per request
+    sliding_window: int | None = None
+
+
 def block_table_tensor(tables: list[list[int]]) -> torch.Tensor:
     """Host block tables of one group -> [B, max_blocks] int64, padded with the null block 0."""
     width = max(1, max(len(t) for t in tables))
@@ -72,6 +94,10 @@ class AttentionBackend(ABC):
         Writes this step's k/v into the cache at the slot mapping, then attends over each
         request's whole context.
         """
+
+    def build_uniform_metadata(self, batch: UniformBatch) -> Any:
+        """Metadata of a uniform layout from device tensors only (capturable in a CUDA graph)."""
+        raise NotImplementedError(f"attention backend '{self.name}' cannot run CUDA graphs; use 'sdpa'")
 
 
 _BACKENDS = {"sdpa": ("eyas.model.attention.sdpa", "SdpaBackend"),

@@ -18,10 +18,24 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from eyas.model.attention import AttentionBackend, AttentionBatch
+from eyas.model.attention import AttentionBackend, AttentionBatch, UniformBatch
 
 LONG_QUERY = 32  # queries longer than this are attended per request, without padding
+# on CUDA: not cuDNN's kernel, which builds a plan for every new shape (about 40 ms each on an H100, and
+# context lengths change every step); the memory-efficient kernel takes any mask but not grouped KV heads
+_CUDA_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """q [B, H, q_len, D], k/v [B, KVH, kv_len, D]; mask [B, 1, q_len, kv_len] bool, None = causal."""
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
+    groups = q.shape[1] // k.shape[1]
+    with sdpa_kernel(_CUDA_KERNELS):
+        return F.scaled_dot_product_attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1),
+                                              attn_mask=mask, is_causal=mask is None)
 
 
 @dataclass
@@ -113,6 +127,26 @@ class SdpaBackend(AttentionBackend):
         return _Padded(None if token_index is None else token_index.to(device), q_index.to(device),
                        out_index.to(device), kv_slots.to(device), mask.unsqueeze(1).to(device))
 
+    def build_uniform_metadata(self, batch: UniformBatch) -> SdpaMetadata:
+        """One padded batch straight over the uniform rows: no gathers of queries, device ops only."""
+        table, bs, width = batch.block_table, batch.block_size, batch.width
+        num_reqs, dev = table.shape[0], table.device
+        j = torch.arange(width, device=dev)
+        real = j < batch.q_lens[:, None]  # [B, width]
+        q_pos = (batch.seq_lens - batch.q_lens)[:, None] + j  # [B, width]
+        block_of = (q_pos // bs).clamp(0, table.shape[1] - 1)
+        slot_mapping = torch.where(real, table.gather(1, block_of) * bs + q_pos % bs, 0).flatten()  # padding -> null
+        kv_pos = torch.arange(table.shape[1] * bs, device=dev)
+        kv_slots = table[:, kv_pos // bs] * bs + kv_pos % bs
+        kv_slots = torch.where(kv_pos < batch.seq_lens[:, None], kv_slots, 0)  # [B, W * bs]
+        mask = kv_pos[None, None, :] <= q_pos[:, :, None]
+        if batch.sliding_window is not None:
+            mask &= kv_pos[None, None, :] > q_pos[:, :, None] - batch.sliding_window
+        mask |= ~real[:, :, None] & (kv_pos == 0)  # padded rows see key 0
+        rows = torch.arange(num_reqs * width, device=dev)
+        padded = _Padded(None, rows.view(num_reqs, width), rows, kv_slots, mask.unsqueeze(1))
+        return SdpaMetadata(slot_mapping, padded, [])
+
     def forward(self, q, k, v, kv_cache, meta: SdpaMetadata):
         num_heads, head_dim = q.shape[1], q.shape[2]
         k_cache, v_cache = kv_cache[0], kv_cache[1]  # [num_slots, KVH, D]
@@ -124,7 +158,7 @@ class SdpaBackend(AttentionBackend):
             qp = q[p.q_index].transpose(1, 2)  # [B, H, max_q, D]
             kp = k_cache[p.kv_slots].transpose(1, 2)  # [B, KVH, max_kv, D]
             vp = v_cache[p.kv_slots].transpose(1, 2)
-            res = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=p.mask, enable_gqa=True)
+            res = _attend(qp, kp, vp, p.mask)
             res = res.transpose(1, 2).reshape(-1, num_heads, head_dim)[p.out_index]
             if p.token_index is None:
                 return res
@@ -135,7 +169,6 @@ class SdpaBackend(AttentionBackend):
             qs = q[s.start:s.end].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
             ks = k_cache[s.kv_slots].transpose(0, 1).unsqueeze(0)  # [1, KVH, seq_len, D]
             vs = v_cache[s.kv_slots].transpose(0, 1).unsqueeze(0)
-            res = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=s.mask, is_causal=s.mask is None,
-                                                 enable_gqa=True)
+            res = _attend(qs, ks, vs, s.mask)
             out[s.start:s.end] = res[0].transpose(0, 1)
         return out

@@ -50,7 +50,9 @@ class Drafter(nn.Module, ABC):
 
     ``forward(step, input_ids [T], positions [T], hidden [T, H_in])`` returns
     ``(logits_hidden [T, H], feedback_hidden [T, H])``: what ``compute_logits(step, ...)`` reads,
-    and what the next step takes as ``hidden``. ``compute_logits`` returns float32 logits over the
+    and what the next step takes as ``hidden``. Both may depend on ``step`` only through
+    ``step == 0`` and ``step % num_step_layers`` (one CUDA graph serves every such class), and may
+    not read device values on the host. ``compute_logits`` returns float32 logits over the
     TARGET vocabulary ``[T, V]``.
     """
 
