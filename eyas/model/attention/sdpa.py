@@ -28,6 +28,11 @@ LONG_QUERY = 32  # queries longer than this are attended per request, without pa
 _CUDA_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
+def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x[index]`` for a 2-D index (a gather along dim 0); index_select is 2-3x faster than indexing on CPU."""
+    return x.index_select(0, index.flatten()).view(*index.shape, *x.shape[1:])
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """q [B, H, q_len, D], k/v [B, KVH, kv_len, D]; mask [B, 1, q_len, kv_len] bool, None = causal."""
     if not q.is_cuda:
@@ -155,11 +160,11 @@ class SdpaBackend(AttentionBackend):
         out = None
         if meta.padded is not None:
             p = meta.padded
-            qp = q[p.q_index].transpose(1, 2)  # [B, H, max_q, D]
-            kp = k_cache[p.kv_slots].transpose(1, 2)  # [B, KVH, max_kv, D]
-            vp = v_cache[p.kv_slots].transpose(1, 2)
+            qp = _rows(q, p.q_index).transpose(1, 2)  # [B, H, max_q, D]
+            kp = _rows(k_cache, p.kv_slots).transpose(1, 2)  # [B, KVH, max_kv, D]
+            vp = _rows(v_cache, p.kv_slots).transpose(1, 2)
             res = _attend(qp, kp, vp, p.mask)
-            res = res.transpose(1, 2).reshape(-1, num_heads, head_dim)[p.out_index]
+            res = res.transpose(1, 2).reshape(-1, num_heads, head_dim).index_select(0, p.out_index)
             if p.token_index is None:
                 return res
             out = torch.empty_like(q)
@@ -167,8 +172,8 @@ class SdpaBackend(AttentionBackend):
         out = torch.empty_like(q) if out is None else out
         for s in meta.singles:
             qs = q[s.start:s.end].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
-            ks = k_cache[s.kv_slots].transpose(0, 1).unsqueeze(0)  # [1, KVH, seq_len, D]
-            vs = v_cache[s.kv_slots].transpose(0, 1).unsqueeze(0)
+            ks = k_cache.index_select(0, s.kv_slots).transpose(0, 1).unsqueeze(0)  # [1, KVH, seq_len, D]
+            vs = v_cache.index_select(0, s.kv_slots).transpose(0, 1).unsqueeze(0)
             res = _attend(qs, ks, vs, s.mask)
             out[s.start:s.end] = res[0].transpose(0, 1)
         return out
