@@ -53,14 +53,8 @@ import torch
 from eyas.config import EngineConfig
 from eyas.kv.block_pool import NULL_BLOCK
 from eyas.kv.manager import KVCacheGroupSpec
-from eyas.model.attention import (
-    AttentionBatch,
-    UniformBatch,
-    block_table_tensor,
-    default_backend,
-    get_backend,
-    layout_slots,
-)
+from eyas.model.attention import AttentionBatch, UniformBatch, block_table_tensor, layout_slots
+from eyas.model.attention.sdpa import SdpaBackend
 from eyas.model.drafters.checkpoint import load_drafter
 from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.runner.cuda_graphs import StepGraphs
@@ -96,7 +90,8 @@ class HiddenStateSpeculator(Proposer):
         self.verification = spec.verification
         self.device, self.dtype = config.device, config.dtype
         self.block_size = config.cache.block_size
-        self.backend = get_backend(default_backend(config.device))
+        # sdpa on both devices: its metadata of a uniform layout is built from device tensors, in CUDA graphs
+        self.backend = SdpaBackend()
         self.layers = self.drafter.attention_layers()
         self.max_blocks = -(-config.max_positions // self.block_size)  # the widest block table of a request
         use_graphs = config.device.type == "cuda" and not config.enforce_eager

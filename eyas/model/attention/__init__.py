@@ -33,7 +33,8 @@ class AttentionBatch:
 
 @dataclass
 class UniformBatch:
-    """Device-side description of a forward over a *uniform* layout, for CUDA graphs.
+    """Device-side description of a forward over a *uniform* layout, for CUDA graphs
+    (``SdpaBackend.build_uniform_metadata``).
 
     Request b owns rows ``b * width .. b * width + width - 1``; the first ``q_lens[b]`` are its
     real tokens, the last ``q_lens[b]`` of its ``seq_lens[b]`` context tokens, and the rest are
@@ -94,10 +95,6 @@ class AttentionBackend(ABC):
         Writes this step's k/v into the cache at the slot mapping, then attends over each
         request's whole context.
         """
-
-    def build_uniform_metadata(self, batch: UniformBatch) -> Any:
-        """Metadata of a uniform layout from device tensors only (capturable in a CUDA graph)."""
-        raise NotImplementedError(f"attention backend '{self.name}' cannot run CUDA graphs; use 'sdpa'")
 
 
 _BACKENDS = {"sdpa": ("eyas.model.attention.sdpa", "SdpaBackend"),

@@ -133,7 +133,8 @@ class SdpaBackend(AttentionBackend):
                        out_index.to(device), kv_slots.to(device), mask.unsqueeze(1).to(device))
 
     def build_uniform_metadata(self, batch: UniformBatch) -> SdpaMetadata:
-        """One padded batch straight over the uniform rows: no gathers of queries, device ops only."""
+        """Metadata of a uniform layout from device tensors only, so a CUDA graph can capture it: one
+        padded batch straight over the uniform rows."""
         table, bs, width = batch.block_table, batch.block_size, batch.width
         num_reqs, dev = table.shape[0], table.device
         j = torch.arange(width, device=dev)
