@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eyas.model.layers import Linear
+from eyas.model.layers import _EMULATED_HALF, Linear
 
 
 @pytest.mark.parametrize("rows", [1, 5, 33, 256, 300])
@@ -39,3 +39,20 @@ def test_autograd_takes_the_plain_path():
     x = torch.randn(4, 16, requires_grad=True)
     layer(x).sum().backward()
     assert x.grad is not None and layer.weight.grad is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 2, 5, 300])
+def test_half_precision_products_are_float32_sums_rounded_once(dtype, rows):
+    """Whichever path a half-precision product takes, it is the float32 sum of the exact products,
+    rounded once to the weight's dtype (what a native half-precision GEMM computes)."""
+    torch.manual_seed(rows)
+    layer = Linear(96, 80, bias=True).to(dtype)
+    x = torch.randn(rows, 96).to(dtype)
+    with torch.inference_mode():
+        got = layer(x)
+    assert got.dtype == dtype
+    want = F.linear(x.float(), layer.weight.float(), layer.bias.float()).to(dtype)
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+    if dtype in _EMULATED_HALF:  # one row keeps PyTorch's half-precision GEMV; more take the packed copy
+        assert (layer._packed is not None) == (rows >= 2)

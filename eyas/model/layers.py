@@ -10,43 +10,70 @@ from torch import nn
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` whose float32 CPU products of up to 256 rows go through oneDNN with a packed weight.
+    """``nn.Linear`` whose CPU products go through oneDNN with a packed float32 weight wherever that wins.
 
-    oneDNN's pre-packed (blocked) weight layout beats the BLAS call of ``F.linear`` wherever the
-    weight dominates. Over all of SmolLM2-135M's weights on the project's 2-core AVX2 CPU, 2
-    threads: 1 row 47 -> 29 ms, 5 rows 73 -> 37 ms, 9 rows 92 -> 45 ms, 33 rows 129 -> 85 ms, 128
-    rows 338 -> 288 ms; at 512 rows the two are level. Decode, batched decode and speculative
-    verification (k+1 rows per request) all live below 256 rows.
+    * float32 weights, 1..256 rows: oneDNN's pre-packed (blocked) weight layout beats the BLAS call
+      of ``F.linear`` wherever the weight dominates. Over all of SmolLM2-135M's weights on the
+      project's 2-core AVX2 CPU, 2 threads: 1 row 47 -> 29 ms, 5 rows 73 -> 37 ms, 9 rows 92 -> 45
+      ms, 33 rows 129 -> 85 ms, 128 rows 338 -> 288 ms; at 512 rows the two are level. Decode,
+      batched decode and speculative verification (k+1 rows per request) all live below 256 rows.
+    * bfloat16 / float16 weights on a CPU without native support for them (no AVX512-BF16 / AMX;
+      the project's CPU): PyTorch's GEMV reads half the bytes of float32 and wins at one row (15
+      ms), but products of more rows are emulated at about one GEMV per row (5 rows 69 ms, 64 rows
+      864 ms). Products of 2 or more rows take the packed float32 copy instead (5 rows 35 ms, 64
+      rows 156 ms): inputs are widened exactly, products summed in float32 and rounded back, the
+      arithmetic of a native half-precision GEMM with float32 accumulation. The copy costs twice
+      the half-precision weight's memory.
 
     The packed copy is made on first use and remade whenever the weight is replaced or changed in
     place (its storage or version counter moves; a weight created under ``inference_mode`` has no
     version counter, so only its replacement is seen). It is never used where autograd records.
     """
 
-    PACKED_MAX_ROWS = 256
+    PACKED_MAX_ROWS = 256  # float32 inputs; emulated half-precision inputs take the packed copy at any count
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._packed: tuple[tuple[int, int], torch.Tensor] | None = None  # ((data_ptr, version), packed weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and 0 < x.shape[0] <= self.PACKED_MAX_ROWS and self._packable(x):
-            return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight(), self.bias, "none", [], "")
+        if self._takes_packed(x):
+            bias = None if self.bias is None else self.bias.float()
+            out = torch.ops.mkldnn._linear_pointwise(x.float(), self._packed_weight(), bias, "none", [], "")
+            return out.to(x.dtype)
         return F.linear(x, self.weight, self.bias)
 
-    def _packable(self, x: torch.Tensor) -> bool:
-        return (_MKLDNN and x.device.type == "cpu" and x.dtype == torch.float32 and self.weight.dtype == torch.float32
-                and not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)))
+    def _takes_packed(self, x: torch.Tensor) -> bool:
+        if not (_MKLDNN and x.device.type == "cpu" and x.dim() == 2 and x.dtype == self.weight.dtype):
+            return False
+        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+            return False
+        rows = x.shape[0]
+        if x.dtype == torch.float32:
+            return 0 < rows <= self.PACKED_MAX_ROWS
+        return x.dtype in _EMULATED_HALF and rows >= 2
 
     def _packed_weight(self) -> torch.Tensor:
         weight = self.weight
         key = (weight.data_ptr(), 0 if weight.is_inference() else weight._version)  # inference tensors keep no version
         if self._packed is None or self._packed[0] != key:
-            self._packed = key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16)
+            self._packed = key, torch.ops.mkldnn._reorder_linear_weight(weight.detach().float(), 16)
         return self._packed[1]
 
 
 _MKLDNN = torch.backends.mkldnn.is_available()
+
+
+def _emulated_half() -> frozenset[torch.dtype]:
+    """Half-precision dtypes this CPU has no native matmul for (PyTorch then emulates them)."""
+    if not _MKLDNN:
+        return frozenset()
+    native = {torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+              torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported()}
+    return frozenset(dtype for dtype, supported in native.items() if not supported)
+
+
+_EMULATED_HALF = _emulated_half()
 
 
 class RMSNorm(nn.Module):
