@@ -18,8 +18,9 @@ For each set and batch size B, greedily, stopping at EOS or ``--max-tokens``:
 B = 1 runs the first ``--batch1-prompts`` prompts one request at a time and sums tokens and
 times, so batch-1 numbers are not one prompt's luck; B > 1 is one call on the first B prompts.
 tokens/s = generated tokens (EOS included) / wall time of the calls (prefill included). Each
-engine gets untimed warm-up calls first. Ratios matter; absolute numbers on a shared machine
-mean little.
+engine gets untimed warm-up calls first; each measurement is then taken ``--repeats`` times,
+plain and speculative runs taking turns, and the fastest run of each counts. Ratios matter;
+absolute numbers on a shared machine mean little.
 
     python benchmarks/bench_spec.py                                  # fp32, 1 thread, B = 1,8
     python benchmarks/bench_spec.py --max-tokens 32 --num-prompts 2  # quick check
@@ -31,7 +32,9 @@ import argparse
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from bench_common import batch_sizes
@@ -55,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads for eyas and HF alike")
     p.add_argument("--batch-sizes", type=batch_sizes, default="1,8", help="comma-separated, e.g. 1,8")
     p.add_argument("--max-tokens", type=int, default=128, help="most new tokens per prompt (EOS stops earlier)")
-    p.add_argument("--k", type=int, default=4, help="num_speculative_tokens (HF: prompt_lookup_num_tokens)")
+    p.add_argument("--k", type=int, default=8, help="num_speculative_tokens (HF: prompt_lookup_num_tokens)")
     p.add_argument("--lookup-min", type=int, default=2, help="eyas prompt_lookup_min")
     p.add_argument("--lookup-max", type=int, default=4, help="eyas prompt_lookup_max (HF: max_matching_ngram_size)")
     p.add_argument("--num-prompts", type=int, default=8, help="prompts per set; a larger B runs at this size")
@@ -63,9 +66,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="B = 1 runs this many prompts one at a time (capped at --num-prompts)")
     p.add_argument("--hf-batch1-prompts", type=int, default=None,
                    help="as --batch1-prompts, for HF only (default: the same), when HF is too slow")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed runs of each measurement, interleaved; the fastest counts")
     p.add_argument("--skip-hf", action="store_true", help="time eyas only")
     args = p.parse_args(argv)
-    for name in ("threads", "max_tokens", "k", "num_prompts", "batch1_prompts"):
+    for name in ("threads", "max_tokens", "k", "num_prompts", "batch1_prompts", "repeats"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")
     args.clipped = [b for b in args.batch_sizes if b > args.num_prompts]
@@ -104,6 +109,18 @@ def render(llm: LLM, conversations: list[list[dict]]) -> list[list[int]]:
 def batches(prompts: list[list[int]], b: int, batch1_prompts: int) -> list[list[list[int]]]:
     """B = 1: the first ``batch1_prompts`` prompts one call each; else one call on the first B."""
     return [[p] for p in prompts[:batch1_prompts]] if b == 1 else [prompts[:b]]
+
+
+def fastest(repeats: int, *timers: Callable[[], Run]) -> list[Run]:
+    """Each timer's fastest of ``repeats`` runs. The timers take turns (A, B, A, B, ...), so a slow
+    spell on the shared machine hits them alike instead of skewing one side of a ratio."""
+    best: list[Run | None] = [None] * len(timers)
+    for _ in range(repeats):
+        for i, timer in enumerate(timers):
+            run = timer()
+            if best[i] is None or run.seconds < best[i].seconds:
+                best[i] = run
+    return best
 
 
 def time_eyas(llm: LLM, calls: list[list[list[int]]], max_tokens: int) -> Run:
@@ -199,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, prompts in sets.items():
         for b in args.batch_sizes:
             calls = batches(prompts, b, args.batch1_prompts)
-            base = time_eyas(plain, calls, args.max_tokens)
-            fast = time_eyas(ngram, calls, args.max_tokens)
+            base, fast = fastest(args.repeats, partial(time_eyas, plain, calls, args.max_tokens),
+                                 partial(time_eyas, ngram, calls, args.max_tokens))
             same = sum(x == y for x, y in zip(base.ids, fast.ids))
             if same < len(base.ids):
                 differ.append(f"{name} B={b}: {same}/{len(base.ids)}")
@@ -211,17 +228,21 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{row} {'-':>9} {'-':>12} {'-':>10} {'-':>15}", flush=True)
                 continue
             hf_calls = batches(prompts, b, args.hf_batch1_prompts)
-            hf_base = time_hf(hf, hf_calls, args.max_tokens, eos, None)
+            hf_timers = [partial(time_hf, hf, hf_calls, args.max_tokens, eos, None)]
+            if b == 1:  # HF's prompt lookup is batch-1 only
+                hf_timers.append(partial(time_hf, hf, hf_calls, args.max_tokens, eos, hf_lookup))
+            hf_base, *hf_lookup_run = fastest(args.repeats, *hf_timers)
             eyas_tokens = base.tokens if hf_calls == calls else sum(map(len, base.ids[: len(hf_base.ids)]))
-            if b == 1:
-                hf_fast = time_hf(hf, hf_calls, args.max_tokens, eos, hf_lookup)
-                hf_cols = f"{hf_fast.tok_s:>12.1f} {hf_fast.tok_s / hf_base.tok_s:>9.2f}x"
+            if hf_lookup_run:
+                tok_s = hf_lookup_run[0].tok_s
+                hf_cols = f"{tok_s:>12.1f} {tok_s / hf_base.tok_s:>9.2f}x"
             else:
                 hf_cols = f"{'n/a':>12} {'n/a':>10}"
             print(f"{row} {hf_base.tok_s:>9.1f} {hf_cols} {f'{eyas_tokens}/{hf_base.tokens}':>15}", flush=True)
 
     print("tok/s = generated tokens (EOS included) / wall time of the generate calls (prefill included); "
-          "speedup = ngram / plain tok/s;\nacc len = mean acceptance length (accepted drafts + 1 per "
+          f"fastest of {args.repeats} interleaved runs each; speedup = ngram / plain tok/s;\n"
+          "acc len = mean acceptance length (accepted drafts + 1 per "
           "verification step that carried drafts); drafted = share of ngram's tokens that were accepted "
           "drafts;\nidentical = eyas ngram outputs equal to eyas plain, token for "
           "token (must be all);\ntokens eyas/HF = tokens each system generated without speculation (over "

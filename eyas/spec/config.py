@@ -29,9 +29,10 @@ class SpeculativeConfig:
     verification: str = "rejection"
     adaptive_draft_length: bool = True  # shrink/pause drafting when drafts keep being rejected (spec/adaptive.py)
     # drafts only fill a decode step up to this many tokens (last tokens + drafts, whole batch);
-    # None = 16 on CPU, where a forward over up to ~16 rows costs little more than over one and
-    # far more beyond (1 thread, SmolLM2-135M: 8 rows 76 ms, 16 rows 97 ms, 40 rows 156 ms),
-    # and unlimited on CUDA
+    # None = 10 on CPU and unlimited on CUDA. On the CPU every row of a forward costs (1 thread,
+    # SmolLM2-135M: 1 row 38 ms, 9 rows 74 ms, 17 rows 97 ms), which a lone request's long copy
+    # drafts repay (k=8: 2.2x on copy-heavy prompts) but a batch's rarely do: at batch 8 on chat
+    # prompts, k=8, a limit of 16 ran 0.82-0.90x of plain decoding, 10 ran 0.96x (2 drafts a step)
     draft_step_tokens: int | None = None
     prompt_lookup_min: int = 2  # n-gram
     prompt_lookup_max: int = 4
@@ -44,7 +45,7 @@ class SpeculativeConfig:
     def step_token_limit(self, device_type: str) -> int | None:
         if self.draft_step_tokens is not None:
             return self.draft_step_tokens
-        return 16 if device_type == "cpu" else None
+        return 10 if device_type == "cpu" else None
 
     @classmethod
     def from_dict(cls, config: dict | "SpeculativeConfig") -> "SpeculativeConfig":
