@@ -31,8 +31,9 @@ class SpeculativeConfig:
     # drafts only fill a decode step up to this many tokens (last tokens + drafts, whole batch);
     # None = 10 on CPU and unlimited on CUDA. On the CPU every row of a forward costs (1 thread,
     # SmolLM2-135M: 1 row 38 ms, 9 rows 74 ms, 17 rows 97 ms), which a lone request's long copy
-    # drafts repay (k=8: 2.2x on copy-heavy prompts) but a batch's rarely do: at batch 8 on chat
-    # prompts, k=8, a limit of 16 ran 0.82-0.90x of plain decoding, 10 ran 0.96x (2 drafts a step)
+    # drafts repay (k=8: 2.1-2.2x on copy-heavy prompts) but a batch's rarely do: at batch 8 on
+    # chat prompts, k=8, a limit of 16 ran 0.82-0.90x of plain decoding and 10 ran 0.85-0.96x
+    # (2 drafts a step), still short of break-even
     draft_step_tokens: int | None = None
     prompt_lookup_min: int = 2  # n-gram
     prompt_lookup_max: int = 4
