@@ -23,6 +23,8 @@ from typing import Callable, Hashable
 
 import torch
 
+from eyas.kv.block_pool import NULL_BLOCK
+
 Step = Callable[..., tuple[torch.Tensor, ...]]
 
 
@@ -33,6 +35,19 @@ def batch_size_ladder(max_batch: int) -> list[int]:
     while sizes[-1] < max_batch:
         sizes.append(sizes[-1] + 8)
     return sizes[:bisect_left(sizes, max_batch) + 1]
+
+
+def table_width(width: int, max_blocks: int) -> int:
+    """Block-table columns of a graphed step: the next power of two (at least 4) up to a request's widest
+    table, so that a few graphs cover every context length."""
+    return min(max(4, 1 << (width - 1).bit_length()), max(max_blocks, width))
+
+
+def pad_table(table: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+    """[R, W'] block table -> [rows, width], padded with the null block."""
+    out = table.new_full((rows, width), NULL_BLOCK)
+    out[:table.shape[0], :table.shape[1]] = table
+    return out
 
 
 class StepGraphs:

@@ -3,6 +3,14 @@
 The only owner of device tensors. Sampling and verification are one path: a request that
 carries no drafts is verified with k = 0, which is plain sampling (the bonus token of an empty
 chain is the sampler's own draw at that (seed, position)).
+
+**CUDA graphs** (CUDA, unless ``enforce_eager``, with a backend that builds uniform-layout
+metadata): a forward whose every query fits ``width`` rows (1 for plain decodes, k + 1 when
+verifying drafts) runs on the uniform layout that ``eyas.runner.cuda_graphs`` replays. Request
+b's tokens move to rows ``b * width ..``, the batch is padded up the ladder with empty requests,
+block tables to ``table_width``; the hidden states are gathered back into the flat layout, so
+verification and drafting never see the difference. Batches with longer queries (prompt chunks)
+run eagerly on the flat layout.
 """
 
 from __future__ import annotations
@@ -14,10 +22,11 @@ import torch
 from eyas.config import EngineConfig
 from eyas.engine.scheduler import ScheduledRequest, SchedulerOutput
 from eyas.kv.manager import KVCacheGroupSpec
-from eyas.model.attention import AttentionBatch, block_table_tensor, default_backend, get_backend, layout_slots
+from eyas.model.attention import AttentionBatch, UniformBatch, block_table_tensor, default_backend, get_backend, layout_slots
 from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.model.llama import ModelOutput
 from eyas.model.loader import load_model
+from eyas.runner.cuda_graphs import StepGraphs, pad_table, table_width
 from eyas.sampling.rejection import VerifyResult, greedy_verify, rejection_sample, shared_noise_verify
 from eyas.sampling.sampler import Sampler, SamplingBatch, raw_logprobs
 from eyas.spec.proposer import ProposerInput, ProposerOutput, proposer_class
@@ -37,7 +46,8 @@ class _Inputs:
     positions: torch.Tensor  # [num_tokens]
     query_start_loc: torch.Tensor  # [B+1] host
     seq_lens: torch.Tensor  # [B] host
-    attn_metadata: dict
+    block_table: torch.Tensor  # [B, max_blocks] host, KV-cache group 0
+    slot_mapping: torch.Tensor  # [num_tokens] host
     sample_rows: list[int]  # indices into plan.scheduled of the requests that sample this step
 
 
@@ -55,6 +65,12 @@ class ModelRunner:
             self.model.set_aux_layer_ids(self.proposer.aux_layer_ids)
         self.verification = spec.verification if spec else "shared_noise"
         self._draft_probs: dict[str, torch.Tensor] = {}  # request id -> [k, vocab] of its pending drafts
+        # graphs need metadata built on the device from a uniform layout (``build_uniform_metadata``)
+        use_graphs = (config.device.type == "cuda" and not config.enforce_eager
+                      and hasattr(self.backend, "build_uniform_metadata"))
+        self.graphs = StepGraphs(config.device, config.scheduler.max_num_seqs, capture=True) if use_graphs else None
+        self.graph_widths = (1, spec.num_speculative_tokens + 1) if spec else (1,)  # rows per request
+        self.max_blocks = -(-config.max_positions // self.block_size)
 
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]:
         """The target's layers form group 0; a proposer may add groups of its own after it."""
@@ -77,8 +93,43 @@ class ModelRunner:
     def forward(self, plan: SchedulerOutput) -> tuple[ModelOutput, _Inputs]:
         """Run the target over the plan's tokens (writing their K/V into the cache)."""
         inputs = self._prepare(plan)
-        with forward_context(ForwardContext(self.backend, inputs.attn_metadata)):
+        q_lens = inputs.query_start_loc[1:] - inputs.query_start_loc[:-1]
+        max_q = int(q_lens.max())
+        width = next((w for w in self.graph_widths if max_q <= w), None)
+        size = self.graphs.padded_batch_size(len(q_lens)) if self.graphs is not None and width else None
+        if size is not None:
+            return self._forward_uniform(inputs, q_lens, width, size), inputs
+        batch = AttentionBatch(inputs.query_start_loc, inputs.seq_lens, inputs.block_table, inputs.slot_mapping,
+                               self.block_size, max_q, int(inputs.seq_lens.max()))
+        with forward_context(ForwardContext(self.backend, {0: self.backend.build_metadata(batch, self.device)})):
             return self.model(inputs.input_ids, inputs.positions), inputs
+
+    def _forward_uniform(self, inputs: _Inputs, q_lens: torch.Tensor, width: int, size: int) -> ModelOutput:
+        """The target over the uniform layout of ``size`` requests of ``width`` rows, from a CUDA graph;
+        states come back in the flat layout."""
+        dev, qsl = self.device, inputs.query_start_loc
+        req = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens)
+        rows = (req * width + torch.arange(len(req)) - qsl[:-1][req]).to(dev)  # [T] uniform row of each token
+        ids = inputs.input_ids.new_zeros(size * width).index_copy_(0, rows, inputs.input_ids)
+        positions = inputs.positions.new_zeros(size * width).index_copy_(0, rows, inputs.positions)
+        q_lens_in = torch.zeros(size, dtype=torch.int64)
+        q_lens_in[:len(q_lens)] = q_lens
+        seq_lens_in = torch.zeros(size, dtype=torch.int64)
+        seq_lens_in[:len(q_lens)] = inputs.seq_lens
+        blocks = table_width(inputs.block_table.shape[1], self.max_blocks)
+        table = pad_table(inputs.block_table, size, blocks)
+        states = self.graphs.run(("target", size, width, blocks), self._uniform_step, ids, positions,
+                                 q_lens_in.to(dev), seq_lens_in.to(dev), table.to(dev))
+        aux = states[1].index_select(0, rows) if len(states) > 1 else None
+        return ModelOutput(states[0].index_select(0, rows), aux)
+
+    def _uniform_step(self, input_ids, positions, q_lens, seq_lens, block_table) -> tuple[torch.Tensor, ...]:
+        """The graphed target forward: metadata from device tensors, then every layer -> (hidden[, aux])."""
+        width = input_ids.shape[0] // q_lens.shape[0]
+        meta = self.backend.build_uniform_metadata(UniformBatch(q_lens, seq_lens, block_table, self.block_size, width))
+        with forward_context(ForwardContext(self.backend, {0: meta})):
+            out = self.model(input_ids, positions)
+        return (out.hidden,) if out.aux_hidden is None else (out.hidden, out.aux_hidden)
 
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
@@ -204,11 +255,8 @@ class ModelRunner:
         seq_lens_t = torch.tensor(seq_lens, dtype=torch.int64)
         block_table = block_table_tensor([entry.block_tables[0] for entry in plan.scheduled])
         positions, slot_mapping = layout_slots(block_table, query_start_loc, seq_lens_t, self.block_size)
-        batch = AttentionBatch(query_start_loc, seq_lens_t, block_table, slot_mapping, self.block_size,
-                               max(q_lens), max(seq_lens))
-        attn_metadata = {0: self.backend.build_metadata(batch, self.device)}
         return _Inputs(torch.tensor(input_ids, dtype=torch.int64, device=self.device),
-                       positions.to(self.device), query_start_loc, seq_lens_t, attn_metadata, sample_rows)
+                       positions.to(self.device), query_start_loc, seq_lens_t, block_table, slot_mapping, sample_rows)
 
     def _logprobs(self, entries: list[ScheduledRequest], logits: torch.Tensor, emitted: list[list[int]],
                   counts: list[int]) -> dict[str, list[dict[int, float]]]:

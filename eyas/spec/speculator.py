@@ -51,13 +51,12 @@ from typing import ClassVar
 import torch
 
 from eyas.config import EngineConfig
-from eyas.kv.block_pool import NULL_BLOCK
 from eyas.kv.manager import KVCacheGroupSpec
 from eyas.model.attention import AttentionBatch, UniformBatch, block_table_tensor, layout_slots
 from eyas.model.attention.sdpa import SdpaBackend
 from eyas.model.drafters.checkpoint import load_drafter
 from eyas.model.forward_context import ForwardContext, forward_context
-from eyas.runner.cuda_graphs import StepGraphs
+from eyas.runner.cuda_graphs import StepGraphs, pad_table, table_width
 from eyas.spec.draft_sampling import DraftSampler
 from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
 
@@ -164,7 +163,7 @@ class HiddenStateSpeculator(Proposer):
         x_in = torch.zeros(size, dtype=torch.int64, device=dev)
         pos_in = torch.zeros(size, dtype=torch.int64, device=dev)
         feedback_in = feedback.new_zeros(size, feedback.shape[1])
-        tables_in = [_pad_table(t, size, width) for t in tables]
+        tables_in = [pad_table(t, size, width) for t in tables]
         for j in range(1, self.k):
             if drafter.advances_positions:
                 pos = pos + 1
@@ -185,11 +184,8 @@ class HiddenStateSpeculator(Proposer):
         return self.graphs.padded_batch_size(n) if self.graphs is not None else None
 
     def _table_width(self, width: int) -> int:
-        """Block-table columns of a step: with graphs the next power of two (at least 4), so that a few graphs
-        cover every context length; else exact."""
-        if self.graphs is None:
-            return width
-        return min(max(4, 1 << (width - 1).bit_length()), max(self.max_blocks, width))
+        """Block-table columns of a step: exact without graphs (``table_width`` with them)."""
+        return table_width(width, self.max_blocks) if self.graphs is not None else width
 
     def _run(self, key, fn, *inputs):
         return self.graphs.run(key, fn, *inputs) if self.graphs is not None else fn(*inputs)
@@ -228,7 +224,7 @@ class HiddenStateSpeculator(Proposer):
         seq_lens_in = torch.zeros(size, dtype=torch.int64)
         seq_lens_in[:len(q_lens)] = inp.seq_lens
         blocks = self._table_width(tables[0].shape[1])
-        tables_in = [_pad_table(t, size, blocks).to(dev) for t in tables]
+        tables_in = [pad_table(t, size, blocks).to(dev) for t in tables]
         return self._run(("prefill", size, blocks), self._prefill_step, ids, positions, states, q_lens_in.to(dev),
                          seq_lens_in.to(dev), *tables_in)
 
@@ -260,13 +256,6 @@ class HiddenStateSpeculator(Proposer):
                 + pos % self.block_size
             out.append((slots, layer.kv_cache[:, slots].clone()))
         return out
-
-
-def _pad_table(table: torch.Tensor, rows: int, width: int) -> torch.Tensor:
-    """[R, W'] block table -> [rows, width], padded with the null block."""
-    out = table.new_full((rows, width), NULL_BLOCK)
-    out[:table.shape[0], :table.shape[1]] = table
-    return out
 
 
 def speculators_redirect(folder: Path) -> tuple[str, dict] | None:
