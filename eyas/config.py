@@ -129,6 +129,11 @@ class EngineConfig:
 
         return self.scheduler.max_model_len + MAX_SPECULATIVE_TOKENS + 1
 
+    @property
+    def max_blocks_per_request(self) -> int:
+        """The widest block table a request can have (``max_positions`` tokens)."""
+        return -(-self.max_positions // self.cache.block_size)
+
     @staticmethod
     def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
         """``"auto"``: bfloat16 on CUDA; float32 on CPU (CPUs without AVX512-BF16 emulate bf16)."""

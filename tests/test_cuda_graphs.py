@@ -54,42 +54,83 @@ def _target_batch():
     return prompts, params
 
 
-def _target_llm(folder, spec, **over):
+SPECS = {
+    "plain": None,
+    "ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1},
+    "draft_model": {"method": "draft_model", "num_speculative_tokens": 3, "model": "qwen3"},
+    "self_draft": {"method": "draft_model", "num_speculative_tokens": 3, "draft_num_layers": 1},
+}
+
+
+def _target_llm(models, case, **over):
     kw = dict(dtype="float32", max_model_len=256, kv_cache_gb=0.05, max_num_batched_tokens=48)
-    if spec:
-        kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
-                                    "verification": "shared_noise"}
-    return LLM(str(folder), **{**kw, **over})
+    if SPECS[case]:
+        spec = {**SPECS[case], "verification": "shared_noise"}
+        if "model" in spec:
+            spec["model"] = str(models[spec["model"]])
+        kw["speculative_config"] = spec
+    return LLM(str(models["llama"]), **{**kw, **over})
 
 
-@pytest.mark.parametrize("spec", [False, True], ids=["plain", "ngram"])
-def test_target_uniform_layout_run_eagerly_gives_the_flat_outputs(tiny_models, spec):
-    """The target forward on the layout CUDA graphs replay (requests padded to 1 or k+1 rows, the batch up the
-    ladder, block tables to a power of two), run eagerly on the CPU, gives the flat layout's tokens."""
-    prompts, params = _target_batch()
-    want = [o.outputs[0].token_ids for o in _target_llm(tiny_models["llama"], spec).generate(prompts, params,
-                                                                                             use_tqdm=False)]
-    llm = _target_llm(tiny_models["llama"], spec)
-    runner = llm.engine.runner
-    runner.graphs = StepGraphs(torch.device("cpu"), 64, capture=False)
-    keys, original = [], runner.graphs.run
+def _run(llm, prompts, params) -> tuple[list, list]:
+    """(the outputs' token ids, every step's drafts): drafts too, since verification hides wrong ones."""
+    steps, proposer = [], llm.engine.runner.proposer
+    if proposer is not None:
+        original = proposer.propose
+
+        def recording(inp):
+            out = original(inp)
+            steps.append(out.draft_token_ids.tolist())
+            return out
+
+        proposer.propose = recording
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)], steps
+
+
+def _record_keys(graphs: StepGraphs) -> list:
+    keys, original = [], graphs.run
 
     def recording(key, fn, *inputs):
         keys.append(key)
         return original(key, fn, *inputs)
 
-    runner.graphs.run = recording
-    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
+    graphs.run = recording
+    return keys
+
+
+@pytest.mark.parametrize("case", list(SPECS))
+def test_uniform_layouts_run_eagerly_give_the_flat_outputs(tiny_models, case):
+    """The target and draft-model forwards on the layouts CUDA graphs replay (requests padded to 1 or k+1
+    rows, the batch up the ladder, block tables to a power of two), run eagerly on the CPU, give the flat
+    layout's tokens, greedy and seeded."""
+    prompts, params = _target_batch()
+    want = _run(_target_llm(tiny_models, case), prompts, params)
+    llm = _target_llm(tiny_models, case)
+    runner = llm.engine.runner
+    runner.graphs = StepGraphs(torch.device("cpu"), 64, capture=False)
+    keys = _record_keys(runner.graphs)
+    proposer_keys = []
+    if hasattr(runner.proposer, "graphs"):
+        runner.proposer.graphs = StepGraphs(torch.device("cpu"), 64, capture=False)
+        proposer_keys = _record_keys(runner.proposer.graphs)
+    assert _run(llm, prompts, params) == want
     assert {2, 4, 8} <= {size for _, size, _, _ in keys}  # 7, 5, 3 requests decoding were padded up
-    assert {width for _, _, width, _ in keys} == ({1, 4} if spec else {1})
+    widths = {width for _, _, width, _ in keys}
+    assert widths == {1} if case == "plain" else 4 in widths and widths <= {1, 4}  # k + 1 rows to verify drafts
+    if case == "draft_model":
+        assert {"catch_up", "decode"} == {key[0] for key in proposer_keys}
+    if case == "self_draft":
+        assert {"decode"} == {key[0] for key in proposer_keys}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("spec", [False, True], ids=["plain", "ngram"])
-def test_target_cuda_graphs_give_the_eager_outputs(tiny_models, spec):
+@pytest.mark.parametrize("case", list(SPECS))
+def test_cuda_graphs_give_the_eager_outputs(tiny_models, case):
     prompts, params = _target_batch()
-    eager = _target_llm(tiny_models["llama"], spec, device="cuda", enforce_eager=True)
-    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params, use_tqdm=False)]
-    llm = _target_llm(tiny_models["llama"], spec, device="cuda")
-    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
+    eager = _target_llm(tiny_models, case, device="cuda", enforce_eager=True)
+    want = _run(eager, prompts, params)
+    llm = _target_llm(tiny_models, case, device="cuda")
+    assert _run(llm, prompts, params) == want
     assert llm.engine.runner.graphs.num_graphs > 0
+    if hasattr(llm.engine.runner.proposer, "graphs"):
+        assert llm.engine.runner.proposer.graphs.num_graphs > 0

@@ -19,7 +19,8 @@ the padding and the uniform layout without a GPU.
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable
 
 import torch
 
@@ -48,6 +49,45 @@ def pad_table(table: torch.Tensor, rows: int, width: int) -> torch.Tensor:
     out = table.new_full((rows, width), NULL_BLOCK)
     out[:table.shape[0], :table.shape[1]] = table
     return out
+
+
+@dataclass
+class UniformLayout:
+    """Where a flat back-to-back batch lands on the uniform layout of ``size`` requests of ``width`` rows.
+
+    Request b's tokens ``query_start_loc[b]:query_start_loc[b+1]`` move to rows ``b * width ..``;
+    requests ``B .. size - 1`` are padding (q_len 0, seq_len 0, null block table). Example (width 4,
+    size 2): one request with q_lens [3] owns rows 0..2; rows 3..7 are padding.
+    """
+
+    rows: torch.Tensor  # [T] device: uniform row of each flat token
+    q_lens: torch.Tensor  # [size] device
+    seq_lens: torch.Tensor  # [size] device
+    block_table: torch.Tensor  # [size, blocks] device, blocks = ``table_width`` of the widest table
+    width: int
+    size: int
+
+    @classmethod
+    def of(cls, query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, width: int,
+           size: int, max_blocks: int, device: torch.device) -> "UniformLayout":
+        """From host tensors: query_start_loc [B+1], seq_lens [B], block_table [B, W'] of one KV-cache group."""
+        q_lens = query_start_loc[1:] - query_start_loc[:-1]
+        req = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens)
+        rows = req * width + torch.arange(len(req)) - query_start_loc[:-1][req]
+        q_lens_in = torch.zeros(size, dtype=torch.int64)
+        q_lens_in[:len(q_lens)] = q_lens
+        seq_lens_in = torch.zeros(size, dtype=torch.int64)
+        seq_lens_in[:len(q_lens)] = seq_lens
+        table = pad_table(block_table, size, table_width(block_table.shape[1], max_blocks))
+        return cls(rows.to(device), q_lens_in.to(device), seq_lens_in.to(device), table.to(device), width, size)
+
+    def scatter(self, flat: torch.Tensor) -> torch.Tensor:
+        """[T, ...] -> [size * width, ...], zeros in padding rows."""
+        return flat.new_zeros(self.size * self.width, *flat.shape[1:]).index_copy_(0, self.rows, flat)
+
+    def gather(self, uniform: torch.Tensor) -> torch.Tensor:
+        """[size * width, ...] -> [T, ...] in the flat order."""
+        return uniform.index_select(0, self.rows)
 
 
 class StepGraphs:
@@ -93,3 +133,11 @@ class StepGraphs:
         if self._pool is None:
             self._pool = graph.pool()
         return graph, static_inputs, tuple(static_outputs)
+
+
+def engine_graphs(config: Any, backend: Any) -> StepGraphs | None:
+    """The graphs of an engine component: on CUDA unless ``enforce_eager``, and only with a backend that builds
+    metadata from a uniform layout on the device (``build_uniform_metadata``); None = eager."""
+    if config.device.type != "cuda" or config.enforce_eager or not hasattr(backend, "build_uniform_metadata"):
+        return None
+    return StepGraphs(config.device, config.scheduler.max_num_seqs, capture=True)

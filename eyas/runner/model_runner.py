@@ -26,7 +26,7 @@ from eyas.model.attention import AttentionBatch, UniformBatch, block_table_tenso
 from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.model.llama import ModelOutput
 from eyas.model.loader import load_model
-from eyas.runner.cuda_graphs import StepGraphs, pad_table, table_width
+from eyas.runner.cuda_graphs import UniformLayout, engine_graphs
 from eyas.sampling.rejection import VerifyResult, greedy_verify, rejection_sample, shared_noise_verify
 from eyas.sampling.sampler import Sampler, SamplingBatch, raw_logprobs
 from eyas.spec.proposer import ProposerInput, ProposerOutput, proposer_class
@@ -65,12 +65,9 @@ class ModelRunner:
             self.model.set_aux_layer_ids(self.proposer.aux_layer_ids)
         self.verification = spec.verification if spec else "shared_noise"
         self._draft_probs: dict[str, torch.Tensor] = {}  # request id -> [k, vocab] of its pending drafts
-        # graphs need metadata built on the device from a uniform layout (``build_uniform_metadata``)
-        use_graphs = (config.device.type == "cuda" and not config.enforce_eager
-                      and hasattr(self.backend, "build_uniform_metadata"))
-        self.graphs = StepGraphs(config.device, config.scheduler.max_num_seqs, capture=True) if use_graphs else None
+        self.graphs = engine_graphs(config, self.backend)
         self.graph_widths = (1, spec.num_speculative_tokens + 1) if spec else (1,)  # rows per request
-        self.max_blocks = -(-config.max_positions // self.block_size)
+        self.max_blocks = config.max_blocks_per_request
 
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]:
         """The target's layers form group 0; a proposer may add groups of its own after it."""
@@ -98,30 +95,21 @@ class ModelRunner:
         width = next((w for w in self.graph_widths if max_q <= w), None)
         size = self.graphs.padded_batch_size(len(q_lens)) if self.graphs is not None and width else None
         if size is not None:
-            return self._forward_uniform(inputs, q_lens, width, size), inputs
+            return self._forward_uniform(inputs, width, size), inputs
         batch = AttentionBatch(inputs.query_start_loc, inputs.seq_lens, inputs.block_table, inputs.slot_mapping,
                                self.block_size, max_q, int(inputs.seq_lens.max()))
         with forward_context(ForwardContext(self.backend, {0: self.backend.build_metadata(batch, self.device)})):
             return self.model(inputs.input_ids, inputs.positions), inputs
 
-    def _forward_uniform(self, inputs: _Inputs, q_lens: torch.Tensor, width: int, size: int) -> ModelOutput:
+    def _forward_uniform(self, inputs: _Inputs, width: int, size: int) -> ModelOutput:
         """The target over the uniform layout of ``size`` requests of ``width`` rows, from a CUDA graph;
         states come back in the flat layout."""
-        dev, qsl = self.device, inputs.query_start_loc
-        req = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens)
-        rows = (req * width + torch.arange(len(req)) - qsl[:-1][req]).to(dev)  # [T] uniform row of each token
-        ids = inputs.input_ids.new_zeros(size * width).index_copy_(0, rows, inputs.input_ids)
-        positions = inputs.positions.new_zeros(size * width).index_copy_(0, rows, inputs.positions)
-        q_lens_in = torch.zeros(size, dtype=torch.int64)
-        q_lens_in[:len(q_lens)] = q_lens
-        seq_lens_in = torch.zeros(size, dtype=torch.int64)
-        seq_lens_in[:len(q_lens)] = inputs.seq_lens
-        blocks = table_width(inputs.block_table.shape[1], self.max_blocks)
-        table = pad_table(inputs.block_table, size, blocks)
-        states = self.graphs.run(("target", size, width, blocks), self._uniform_step, ids, positions,
-                                 q_lens_in.to(dev), seq_lens_in.to(dev), table.to(dev))
-        aux = states[1].index_select(0, rows) if len(states) > 1 else None
-        return ModelOutput(states[0].index_select(0, rows), aux)
+        layout = UniformLayout.of(inputs.query_start_loc, inputs.seq_lens, inputs.block_table, width, size,
+                                  self.max_blocks, self.device)
+        states = self.graphs.run(("target", size, width, layout.block_table.shape[1]), self._uniform_step,
+                                 layout.scatter(inputs.input_ids), layout.scatter(inputs.positions), layout.q_lens,
+                                 layout.seq_lens, layout.block_table)
+        return ModelOutput(layout.gather(states[0]), layout.gather(states[1]) if len(states) > 1 else None)
 
     def _uniform_step(self, input_ids, positions, q_lens, seq_lens, block_table) -> tuple[torch.Tensor, ...]:
         """The graphed target forward: metadata from device tensors, then every layer -> (hidden[, aux])."""

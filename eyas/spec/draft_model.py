@@ -17,6 +17,11 @@ emitted token, and samples the token at position P_r + j + 1 with the noise the 
 use there (shared-noise mode) or with its own stream (rejection mode, keeping q).
 No device-to-host sync: positions, slots and sequence lengths stay on the device; host-side
 sizes are upper bounds.
+
+**CUDA graphs** (as for the target, ``eyas.runner.cuda_graphs``): draft steps run over rows padded
+up the batch-size ladder with block tables padded to ``table_width``, and replay one graph per
+(batch, table width); the catch-up forward is graphed like the target's verification forward
+when every query fits k + 1 rows. On the CPU the same step runs eagerly, unpadded.
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ import torch
 
 from eyas.config import EngineConfig, ModelConfig
 from eyas.kv.manager import KVCacheGroupSpec
-from eyas.model.attention import AttentionBatch, block_table_tensor, default_backend, get_backend, layout_slots
+from eyas.model.attention import AttentionBatch, UniformBatch, block_table_tensor, default_backend, get_backend, layout_slots
 from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.model.loader import load_model
 from eyas.model.resolve import resolve_model
+from eyas.runner.cuda_graphs import UniformLayout, engine_graphs, pad_table, table_width
 from eyas.spec.draft_sampling import DraftSampler
 from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
 
@@ -52,6 +58,8 @@ class DraftModelProposer(Proposer):
         self.device, self.dtype = config.device, config.dtype
         self.block_size = config.cache.block_size
         self.backend = get_backend(default_backend(config.device))
+        self.graphs = engine_graphs(config, self.backend)
+        self.max_blocks = config.max_blocks_per_request
         if spec.model is None:
             num_target_layers = config.model.num_layers
             if spec.draft_num_layers >= num_target_layers:
@@ -83,19 +91,32 @@ class DraftModelProposer(Proposer):
             layer.kv_cache = torch.zeros(2, num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim,
                                          dtype=self.dtype, device=self.device)
 
-    def _forward(self, input_ids, positions, batch: AttentionBatch) -> torch.Tensor:
-        meta = {self.group: self.backend.build_metadata(batch, self.device)}
-        with forward_context(ForwardContext(self.backend, meta)):
-            return self.model(input_ids, positions, num_layers=self.num_layers).hidden
-
     def _catch_up(self, inp: ProposerInput) -> None:
         """Write the draft model's K/V for every token of the verification layout."""
         qsl, seq_lens = inp.query_start_loc, inp.seq_lens
         table = block_table_tensor([t[self.group] for t in inp.block_tables])
+        max_q = int((qsl[1:] - qsl[:-1]).max())
+        size = self.graphs.padded_batch_size(len(seq_lens)) if self.graphs is not None and max_q <= self.k + 1 \
+            else None
+        if size is not None:
+            width = 1 if max_q == 1 else self.k + 1
+            layout = UniformLayout.of(qsl, seq_lens, table, width, size, self.max_blocks, self.device)
+            self.graphs.run(("catch_up", size, width, layout.block_table.shape[1]), self._uniform_step,
+                            layout.scatter(inp.input_ids), layout.scatter(inp.positions), layout.q_lens,
+                            layout.seq_lens, layout.block_table)
+            return
         _, slots = layout_slots(table, qsl, seq_lens, self.block_size)
-        q_lens = qsl[1:] - qsl[:-1]
-        batch = AttentionBatch(qsl, seq_lens, table, slots, self.block_size, int(q_lens.max()), int(seq_lens.max()))
-        self._forward(inp.input_ids, inp.positions, batch)
+        batch = AttentionBatch(qsl, seq_lens, table, slots, self.block_size, max_q, int(seq_lens.max()))
+        with forward_context(ForwardContext(self.backend, {self.group: self.backend.build_metadata(batch,
+                                                                                                   self.device)})):
+            self.model(inp.input_ids, inp.positions, num_layers=self.num_layers)
+
+    def _uniform_step(self, input_ids, positions, q_lens, seq_lens, block_table) -> tuple[torch.Tensor]:
+        """The draft model over a uniform layout (metadata from device tensors) -> (hidden,)."""
+        width = input_ids.shape[0] // q_lens.shape[0]
+        meta = self.backend.build_uniform_metadata(UniformBatch(q_lens, seq_lens, block_table, self.block_size, width))
+        with forward_context(ForwardContext(self.backend, {self.group: meta})):
+            return (self.model(input_ids, positions, num_layers=self.num_layers).hidden,)
 
     @torch.inference_mode()
     def propose(self, inp: ProposerInput) -> ProposerOutput:
@@ -105,20 +126,25 @@ class DraftModelProposer(Proposer):
         if num_rows == 0:
             return ProposerOutput(torch.zeros(0, self.k, dtype=torch.int64, device=dev),
                                   torch.zeros(0, dtype=torch.int64, device=dev))
-        table = block_table_tensor([inp.block_tables[b][self.group] for b in inp.sample_rows]).to(dev)
+        table = block_table_tensor([inp.block_tables[b][self.group] for b in inp.sample_rows])
         history = torch.tensor([len(t) for t in inp.token_ids], dtype=torch.int64, device=dev)
         pos = history + inp.num_emitted - 1  # [R] position of the last emitted token
         x = inp.emitted.gather(1, (inp.num_emitted - 1)[:, None]).squeeze(1)  # [R]
-        max_seq = max(len(t) for t in inp.token_ids) + inp.emitted.shape[1] + self.k
-        qsl = torch.arange(num_rows + 1, device=dev)
+        # rows padded up the graphs' ladder (padding rows write the null block); exact on the CPU
+        size = (self.graphs.padded_batch_size(num_rows) if self.graphs is not None else None) or num_rows
+        blocks = table_width(table.shape[1], self.max_blocks) if self.graphs is not None else table.shape[1]
+        table_in = pad_table(table, size, blocks).to(dev)
+        x_in = torch.zeros(size, dtype=torch.int64, device=dev)
+        pos_in = torch.zeros(size, dtype=torch.int64, device=dev)
+        ones = torch.ones(size, dtype=torch.int64, device=dev)
         sampler = DraftSampler(inp, self.verification, dev)
         drafts = []
         for _ in range(self.k):
-            slots = table.gather(1, (pos // self.block_size)[:, None]).squeeze(1) * self.block_size \
-                + pos % self.block_size
-            attn = AttentionBatch(qsl, pos + 1, table, slots, self.block_size, 1, max_seq)
-            logits = self.model.compute_logits(self._forward(x, pos, attn))  # [R, vocab]
-            x = sampler.sample(logits, pos + 1)
+            x_in[:num_rows], pos_in[:num_rows] = x, pos
+            inputs = (x_in, pos_in, ones, pos_in + 1, table_in)
+            hidden = self.graphs.run(("decode", size, blocks), self._uniform_step, *inputs) \
+                if self.graphs is not None else self._uniform_step(*inputs)
+            x = sampler.sample(self.model.compute_logits(hidden[0][:num_rows]), pos + 1)  # [R]
             drafts.append(x)
             pos = pos + 1
         return ProposerOutput(torch.stack(drafts, dim=1), torch.full((num_rows,), self.k, device=dev),

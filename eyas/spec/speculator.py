@@ -56,7 +56,7 @@ from eyas.model.attention import AttentionBatch, UniformBatch, block_table_tenso
 from eyas.model.attention.sdpa import SdpaBackend
 from eyas.model.drafters.checkpoint import load_drafter
 from eyas.model.forward_context import ForwardContext, forward_context
-from eyas.runner.cuda_graphs import StepGraphs, pad_table, table_width
+from eyas.runner.cuda_graphs import UniformLayout, engine_graphs, pad_table, table_width
 from eyas.spec.draft_sampling import DraftSampler
 from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
 
@@ -92,9 +92,8 @@ class HiddenStateSpeculator(Proposer):
         # sdpa on both devices: its metadata of a uniform layout is built from device tensors, in CUDA graphs
         self.backend = SdpaBackend()
         self.layers = self.drafter.attention_layers()
-        self.max_blocks = -(-config.max_positions // self.block_size)  # the widest block table of a request
-        use_graphs = config.device.type == "cuda" and not config.enforce_eager
-        self.graphs = StepGraphs(config.device, config.scheduler.max_num_seqs, capture=True) if use_graphs else None
+        self.max_blocks = config.max_blocks_per_request
+        self.graphs = engine_graphs(config, self.backend)
 
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]:
         return [KVCacheGroupSpec(f"{self.method}.{i}", (f"drafter.layers.{i}",),
@@ -210,23 +209,13 @@ class HiddenStateSpeculator(Proposer):
 
         Request b's tokens move to rows ``b * (k+1) ..``; returns states over those ``size * (k+1)`` rows.
         """
-        dev, width = self.device, self.k + 1
-        qsl = inp.query_start_loc
-        q_lens = qsl[1:] - qsl[:-1]
-        req = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens)
-        rows = (req * width + torch.arange(len(req)) - qsl[:-1][req]).to(dev)  # [T] uniform row of each token
-        num = size * width
-        ids = next_ids.new_zeros(num).index_copy_(0, rows, next_ids)
-        positions = inp.positions.new_zeros(num).index_copy_(0, rows, inp.positions)
-        states = hidden.new_zeros(num, hidden.shape[1]).index_copy_(0, rows, hidden)
-        q_lens_in = torch.zeros(size, dtype=torch.int64)
-        q_lens_in[:len(q_lens)] = q_lens
-        seq_lens_in = torch.zeros(size, dtype=torch.int64)
-        seq_lens_in[:len(q_lens)] = inp.seq_lens
-        blocks = self._table_width(tables[0].shape[1])
-        tables_in = [pad_table(t, size, blocks).to(dev) for t in tables]
-        return self._run(("prefill", size, blocks), self._prefill_step, ids, positions, states, q_lens_in.to(dev),
-                         seq_lens_in.to(dev), *tables_in)
+        layout = UniformLayout.of(inp.query_start_loc, inp.seq_lens, tables[0], self.k + 1, size, self.max_blocks,
+                                  self.device)
+        blocks = layout.block_table.shape[1]
+        tables_in = [layout.block_table] + [pad_table(t, size, blocks).to(self.device) for t in tables[1:]]
+        return self._run(("prefill", size, blocks), self._prefill_step, layout.scatter(next_ids),
+                         layout.scatter(inp.positions), layout.scatter(hidden), layout.q_lens, layout.seq_lens,
+                         *tables_in)
 
     def _prefill_step(self, input_ids, positions, hidden, q_lens, seq_lens, *tables):
         """The graphed draft prefill: every step layer over the uniform layout; step 0's states."""
