@@ -2,14 +2,16 @@
 
 The target is a random Llama of SmolLM2-135M's shape (``gpu_smoke.random_smollm2_shape``; a lent
 GPU box has no default-model package), the drafters are random (``bench_drafters.make_drafters``:
-EAGLE-1, EAGLE-3 with a 16k draft vocabulary, one-layer MTP), bf16, random 200-token prompts,
+EAGLE-1, EAGLE-3 with a 16k draft vocabulary, one-layer MTP) or the target's first 4 layers
+(``draft_model`` self-speculation), bf16, random 200-token prompts,
 greedy, ``--max-tokens`` new tokens, EOS ignored, k = 3. For each method and batch size:
 
 * draft step = CUDA-synchronised time inside ``propose`` per step / k, with graphs (default) and
   with ``enforce_eager=True``, and their ratio;
 * the same relative to the target's decode step (median ``time_per_output_token`` of plain runs);
-* end-to-end tokens/s of both, and the share of steps whose drafts are identical (bf16 kernels
-  over padded shapes may round differently; outputs must be identical, verification is lossless).
+* end-to-end tokens/s of both, and the shares of steps whose drafts and of requests whose outputs
+  are identical (the target is graphed too, and bf16 kernels over padded shapes may round
+  differently; float32 equality is a test, ``tests/test_cuda_graphs.py``).
 
     python benchmarks/gpu_draft_graphs.py --batch-sizes 1,8,32
 """
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     root = Path(tempfile.mkdtemp())
     target = random_smollm2_shape(root / "target")
-    methods = make_drafters(target, root)
+    methods = {**make_drafters(target, root), "self4": {"method": "draft_model", "draft_num_layers": 4}}
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, 49152, (200,), generator=g).tolist() for _ in range(max(args.batch_sizes) + 2)]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.max_tokens} new tokens; target decode step: "
           + ", ".join(f"B={b} {decode[b] * 1e3:.2f} ms" for b in args.batch_sizes))
     print(f"{'method':7s} {'B':>3s} {'graphs':>9s} {'eager':>9s} {'speedup':>8s} {'/decode g':>10s} "
-          f"{'/decode e':>10s} {'tok/s g':>8s} {'tok/s e':>8s} {'same drafts':>12s}")
+          f"{'/decode e':>10s} {'tok/s g':>8s} {'tok/s e':>8s} {'same drafts':>12s} {'same outputs':>13s}")
     for name, spec in methods.items():
         path = spec.pop("target", str(target))
         spec = {**spec, "num_speculative_tokens": args.k, "adaptive_draft_length": False}
@@ -94,12 +96,10 @@ def main(argv: list[str] | None = None) -> int:
                 res[eager] = _timed_run(llm, prompts[:b], params)
             (tg, tpsg, dg, og), (te, tpse, de, oe) = res[False], res[True]
             same = sum(x == y for x, y in zip(dg, de)) / max(len(dg), 1)
-            if og != oe:
-                print(f"FAIL: {name} B={b}: outputs with graphs differ from eager ones")
-                return 1
+            same_out = sum(x == y for x, y in zip(og, oe)) / len(og)
             print(f"{name:7s} {b:3d} {tg / args.k * 1e3:7.3f}ms {te / args.k * 1e3:7.3f}ms {te / tg:7.2f}x "
                   f"{tg / args.k / decode[b]:9.2f}x {te / args.k / decode[b]:9.2f}x {tpsg:8.1f} {tpse:8.1f} "
-                  f"{same:11.0%}")
+                  f"{same:11.0%} {same_out:12.0%}")
     return 0
 
 
