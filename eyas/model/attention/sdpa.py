@@ -1,7 +1,9 @@
 """CPU attention backend: gather paged K/V, then SDPA.
 
-Requests with short queries (decodes, verification chains of k+1 tokens) are attended together
-as one padded batch; requests with long queries (prefill chunks) are attended one at a time,
+Requests with short queries (decodes, verification chains of k+1 tokens) are attended in padded
+batches, one per query length, so a decode is not padded to the longest verification chain in
+the batch (on a CPU at batch 7 with 700-token contexts, padding 7 decodes to 9 query rows made
+attention 4x dearer); requests with long queries (prefill chunks) are attended one at a time,
 unpadded, so a batch of prompts of very different lengths wastes no work on padding.
 
 Padded-batch example: two requests, block_size 4, request 0 decodes its 6th token (q_len 1,
@@ -35,9 +37,16 @@ def _rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """q [B, H, q_len, D], k/v [B, KVH, kv_len, D]; mask [B, 1, q_len, kv_len] bool, None = causal."""
+    batch, num_heads, q_len, head_dim = q.shape
+    groups = num_heads // k.shape[1]
     if not q.is_cuda:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
-    groups = q.shape[1] // k.shape[1]
+        if mask is None or q_len > LONG_QUERY:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
+        # short queries: the query heads of a KV head become rows of one query, so K/V are read once, not
+        # once per query head (1 thread, 7 requests x 500 keys: q_len 2 0.88 -> 0.51 ms, q_len 9 1.97 -> 1.65)
+        folded = q.reshape(batch, k.shape[1], groups * q_len, head_dim)  # row g * q_len + j = head g's query j
+        out = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask.repeat(1, 1, groups, 1))
+        return out.view(batch, num_heads, q_len, head_dim)
     with sdpa_kernel(_CUDA_KERNELS):
         return F.scaled_dot_product_attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1),
                                               attn_mask=mask, is_causal=mask is None)
@@ -63,7 +72,7 @@ class _Single:
 @dataclass
 class SdpaMetadata:
     slot_mapping: torch.Tensor  # [T]
-    padded: _Padded | None
+    padded: list[_Padded]  # one per query length of the short requests
     singles: list[_Single]
 
 
@@ -75,27 +84,27 @@ class SdpaBackend(AttentionBackend):
     name = "sdpa"
 
     def build_metadata(self, batch: AttentionBatch, device: torch.device) -> SdpaMetadata:
+        qsl, seq_lens = batch.query_start_loc.tolist(), batch.seq_lens.tolist()  # host tensors
         singles: list[_Single] = []
-        short = None  # all requests, unless some queries are long (then only the host knows which)
-        if batch.max_query_len > LONG_QUERY:
-            qsl, seq_lens = batch.query_start_loc.tolist(), batch.seq_lens.tolist()
-            short = []
-            for b, seq_len in enumerate(seq_lens):
-                start, end = qsl[b], qsl[b + 1]
-                if end - start <= LONG_QUERY:
-                    short.append(b)
-                    continue
-                kv_pos = torch.arange(seq_len)
-                q_pos = torch.arange(seq_len - (end - start), seq_len)
-                mask = None
-                if end - start != seq_len or batch.sliding_window is not None:
-                    visible = kv_pos[None, :] <= q_pos[:, None]
-                    if batch.sliding_window is not None:
-                        visible &= kv_pos[None, :] > q_pos[:, None] - batch.sliding_window
-                    mask = visible[None, None].to(device)
-                singles.append(_Single(start, end, _slots(batch.block_table[b], kv_pos, batch.block_size).to(device),
-                                       mask))
-        padded = self._padded(batch, short, device) if short is None or short else None
+        by_length: dict[int, list[int]] = {}  # query length -> its short requests
+        for b, seq_len in enumerate(seq_lens):
+            start, end = qsl[b], qsl[b + 1]
+            if end - start <= LONG_QUERY:
+                by_length.setdefault(end - start, []).append(b)
+                continue
+            kv_pos = torch.arange(seq_len)
+            q_pos = torch.arange(seq_len - (end - start), seq_len)
+            mask = None
+            if end - start != seq_len or batch.sliding_window is not None:
+                visible = kv_pos[None, :] <= q_pos[:, None]
+                if batch.sliding_window is not None:
+                    visible &= kv_pos[None, :] > q_pos[:, None] - batch.sliding_window
+                mask = visible[None, None].to(device)
+            singles.append(_Single(start, end, _slots(batch.block_table[b], kv_pos, batch.block_size).to(device), mask))
+        if len(by_length) == 1 and not singles:  # every token, in order
+            padded = [self._padded(batch, None, device)]
+        else:
+            padded = [self._padded(batch, rows, device) for rows in by_length.values()]
         return SdpaMetadata(batch.slot_mapping.to(device), padded, singles)
 
     @staticmethod
@@ -151,7 +160,7 @@ class SdpaBackend(AttentionBackend):
         mask |= ~real[:, :, None] & (kv_pos == 0)  # padded rows see key 0
         rows = torch.arange(num_reqs * width, device=dev)
         padded = _Padded(None, rows.view(num_reqs, width), rows, kv_slots, mask.unsqueeze(1))
-        return SdpaMetadata(slot_mapping, padded, [])
+        return SdpaMetadata(slot_mapping, [padded], [])
 
     def forward(self, q, k, v, kv_cache, meta: SdpaMetadata):
         num_heads, head_dim = q.shape[1], q.shape[2]
@@ -159,8 +168,7 @@ class SdpaBackend(AttentionBackend):
         k_cache.index_copy_(0, meta.slot_mapping, k)
         v_cache.index_copy_(0, meta.slot_mapping, v)
         out = None
-        if meta.padded is not None:
-            p = meta.padded
+        for p in meta.padded:
             qp = _rows(q, p.q_index).transpose(1, 2)  # [B, H, max_q, D]
             kp = _rows(k_cache, p.kv_slots).transpose(1, 2)  # [B, KVH, max_kv, D]
             vp = _rows(v_cache, p.kv_slots).transpose(1, 2)
@@ -168,7 +176,7 @@ class SdpaBackend(AttentionBackend):
             res = res.transpose(1, 2).reshape(-1, num_heads, head_dim).index_select(0, p.out_index)
             if p.token_index is None:
                 return res
-            out = torch.empty_like(q)
+            out = torch.empty_like(q) if out is None else out
             out[p.token_index] = res
         out = torch.empty_like(q) if out is None else out
         for s in meta.singles:
