@@ -43,7 +43,7 @@ def test_real_model_speculative_greedy_is_identical(setup, method):
     config = {"ngram": {"method": "ngram", "num_speculative_tokens": 4},
               "self_draft": {"method": "draft_model", "num_speculative_tokens": 3, "draft_num_layers": 8},
               "draft_model": {"method": "draft_model", "num_speculative_tokens": 3, "model": sibling}}[method]
-    config["draft_step_tokens"] = 64  # every request of the batch of 8 verifies drafts (not the CPU's cost cap)
+    config["draft_row_cost"] = 0.0  # every request of the batch of 8 verifies its drafts (not the CPU cost model)
     llm = LLM(None, dtype="float32", max_model_len=512, kv_cache_gb=0.1, speculative_config=config)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)] == reference  # batch 8
     assert llm.generate(prompts[:1], PARAMS, use_tqdm=False)[0].outputs[0].token_ids == reference[0]  # batch 1

@@ -89,7 +89,7 @@ def test_draft_model_identical_to_target_accepts_everything(spec_models):
     target = str(spec_models["target"])
     llm = LLM(target, dtype="float32", max_model_len=256, kv_cache_gb=0.02, max_num_batched_tokens=24,
               speculative_config={"method": "draft_model", "num_speculative_tokens": 3, "model": target,
-                                  "draft_step_tokens": 16, **SHARED})  # all 4 requests verify 3 drafts
+                                  "draft_row_cost": 0.0, **SHARED})  # all 4 requests verify 3 drafts
     for params in (GREEDY, SEEDED):
         outs = llm.generate(_prompts(4, repeat=False), params, use_tqdm=False)
         for o in outs:
@@ -197,6 +197,33 @@ def test_adaptive_draft_budget_follows_the_documented_example():
     assert b.limit == 1 and [b.take() for _ in range(4)] == [0, 0, 0, 1]  # three paused steps
     b.update(1, 1)
     assert b.limit == 3 and b.misses == 0 and b.take() == 3
+
+
+def test_acceptance_estimate_is_decayed_accepted_over_accepted_plus_rejections():
+    from eyas.spec.adaptive import DraftBudget
+
+    b = DraftBudget.start(8)
+    assert b.acceptance() == 0.5  # the prior alone
+    b.update(8, 8)  # 8 accepted, no rejection
+    assert b.acceptance() == pytest.approx((8 + 1) / (8 + 2))
+    b.update(4, 1)  # 1 accepted, then a rejection; the first verification weighs 0.9
+    assert b.acceptance() == pytest.approx((0.9 * 8 + 1 + 1) / (0.9 * 8 + 1 + 1 + 2))
+    b.update(0, 0)  # nothing verified: no evidence
+    assert b.acceptance() == pytest.approx((0.9 * 8 + 1 + 1) / (0.9 * 8 + 1 + 1 + 2))
+
+
+def test_draft_allocation_follows_the_documented_examples():
+    from eyas.spec.adaptive import allocate_drafts
+
+    assert allocate_drafts([(8, 0.85)], num_rows=1, row_cost=0.05, max_drafts=64) == [8]
+    assert allocate_drafts([(8, 0.5)] * 8, num_rows=8, row_cost=0.05, max_drafts=64) == [1] * 8
+    assert allocate_drafts([(8, 0.5)] * 8, num_rows=8, row_cost=0.0, max_drafts=64) == [8] * 8  # CUDA: all
+    # best drafts first: the 0.95 request's two (0.95, 0.90) and 0.5's first two (0.5, 0.25) beat
+    # the 0.5 request's third (0.125); a request offering none gets none; the budget caps the total
+    assert allocate_drafts([(3, 0.5), (0, 0.9), (2, 0.95)], num_rows=3, row_cost=0.05, max_drafts=64) == [2, 0, 2]
+    assert allocate_drafts([(3, 0.5), (0, 0.9), (2, 0.95)], num_rows=3, row_cost=0.05, max_drafts=3) == [1, 0, 2]
+    # a long prompt chunk in the same forward makes drafts cheap relative to the step
+    assert allocate_drafts([(8, 0.5)] * 8, num_rows=8 + 512, row_cost=0.05, max_drafts=64) == [5] * 8
 
 
 def test_adaptive_drafting_backs_off_when_drafts_are_useless(spec_models, monkeypatch):

@@ -39,8 +39,7 @@ class Engine:
         self.runner.allocate_kv_cache(num_blocks)
         self.kv = KVCacheManager(groups, num_blocks, block_size, config.cache.enable_prefix_caching)
         spec = config.speculative
-        self.scheduler = Scheduler(config.scheduler, self.kv, spec,
-                                   spec.step_token_limit(config.device.type) if spec else None)
+        self.scheduler = Scheduler(config.scheduler, self.kv, spec, spec.row_cost(config.device.type) if spec else 0.0)
         self.outputs = OutputProcessor(tokenizer)
         self.num_kv_blocks = num_blocks
         self._seed_rng = random.Random(config.seed)

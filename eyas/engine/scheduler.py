@@ -1,7 +1,7 @@
 """Continuous batching with chunked prefill, prefix caching and preemption by recompute.
 
-Every step the scheduler hands out a token budget: running requests first (a decode
-costs one token plus its draft tokens), then waiting requests, whose prompts are cut into
+Every step the scheduler hands out a token budget: running requests first, then the drafts
+worth verifying (``eyas.spec.adaptive``), then waiting requests, whose prompts are cut into
 chunks that fit what is left. A request samples only in the step whose chunk reaches its
 last known token. When blocks run out, the most recently admitted running request is
 preempted: its blocks are freed and it goes back to the front of the queue to be
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from eyas.config import SchedulerConfig
 from eyas.engine.request import Request, RequestStatus
 from eyas.kv.manager import KVCacheManager
-from eyas.spec.adaptive import DraftBudget
+from eyas.spec.adaptive import DraftBudget, allocate_drafts
 from eyas.spec.metrics import SpecStats
 
 if TYPE_CHECKING:
@@ -47,11 +47,11 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, speculative: "SpeculativeConfig | None" = None,
-                 draft_step_tokens: int | None = None):
+                 draft_row_cost: float = 0.0):
         self.config = config
         self.kv = kv
         self.speculative = speculative
-        self.draft_step_tokens = draft_step_tokens  # None = drafts are limited by the token budget only
+        self.draft_row_cost = draft_row_cost  # one more row of a forward, relative to a one-row forward
         self.num_lookahead_tokens = speculative.num_speculative_tokens if speculative else 0
         self.budgets: dict[str, DraftBudget] = {}  # request id -> adaptive draft length
         self.waiting: deque[Request] = deque()
@@ -74,7 +74,8 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
-        draft_room = budget if self.draft_step_tokens is None else max(0, self.draft_step_tokens - len(self.running))
+        drafts = self._plan_drafts(budget)
+        num_drafts = 0
         for request in list(self.running):
             if request not in self.running:  # preempted earlier in this loop
                 continue
@@ -82,10 +83,9 @@ class Scheduler:
             if num_new <= 0:
                 continue
             samples = num_new == request.num_tokens - request.num_computed_tokens
-            drafts = self._usable_drafts(request, min(budget - num_new, draft_room)) if samples else []
-            draft_room -= len(drafts)
+            request_drafts = drafts.get(request.request_id, [])
             lookahead = self.num_lookahead_tokens if samples else 0
-            total = request.num_computed_tokens + num_new + len(drafts) + lookahead
+            total = request.num_computed_tokens + num_new + len(request_drafts) + lookahead
             while not self.kv.allocate(request.request_id, total):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -95,8 +95,10 @@ class Scheduler:
                     break
             if request.status is not RequestStatus.RUNNING:
                 continue
-            scheduled.append(self._entry(request, num_new, drafts))
-            budget -= num_new + len(drafts)
+            scheduled.append(self._entry(request, num_new, request_drafts))
+            budget -= num_new
+            num_drafts += len(request_drafts)
+        budget -= num_drafts
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
             request = self.waiting[0]
             if request.num_computed_tokens == 0 and request.request_id not in self.kv.tables:
@@ -117,12 +119,33 @@ class Scheduler:
         num_tokens = sum(s.num_new_tokens + len(s.draft_token_ids) for s in scheduled)
         return SchedulerOutput(scheduled, num_tokens, preempted)
 
-    def _usable_drafts(self, request: Request, budget: int) -> list[int]:
-        """The pending drafts that fit the adaptive limit, the token budget, max_model_len and max_tokens."""
-        drafts = self.drafts.pop(request.request_id, [])
+    def _plan_drafts(self, budget: int) -> dict[str, list[int]]:
+        """The drafts each decoding request verifies this step: those its adaptive limit, max_tokens and
+        max_model_len allow, then, across the batch, those worth their rows (``allocate_drafts``), within
+        the token budget that every running request's committed tokens leave."""
         if self.speculative is None:
-            return []
-        room = min(budget, request.max_total_tokens - request.num_tokens - 1,
+            return {}
+        offered: dict[str, list[int]] = {}
+        num_rows = 0
+        for request in self.running:
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if num_new <= 0:
+                continue
+            budget -= num_new
+            num_rows += num_new
+            if num_new == request.num_tokens - request.num_computed_tokens:  # it samples this step
+                offered[request.request_id] = self._usable_drafts(request)
+        if self.speculative.adaptive_draft_length:
+            offers = [(len(d), self.budgets[i].acceptance()) for i, d in offered.items()]
+            counts = allocate_drafts(offers, num_rows, self.draft_row_cost, budget)
+        else:  # every draft, first come first served within the budget
+            counts = allocate_drafts([(len(d), 1.0) for d in offered.values()], num_rows, 0.0, budget)
+        return {i: d[:n] for (i, d), n in zip(offered.items(), counts)}
+
+    def _usable_drafts(self, request: Request) -> list[int]:
+        """The pending drafts that fit the adaptive limit, max_model_len and max_tokens."""
+        drafts = self.drafts.pop(request.request_id, [])
+        room = min(request.max_total_tokens - request.num_tokens - 1,
                    request.max_output_tokens - request.num_output_tokens - 1)
         if self.speculative.adaptive_draft_length:
             k = self.speculative.num_speculative_tokens

@@ -1,7 +1,8 @@
-"""Adaptive draft length: speculate as far as recent acceptance says it pays.
+"""Adaptive drafting: per request, speculate as far as recent acceptance says it pays; per batch,
+verify only the drafts whose expected tokens cover the rows they add.
 
-Verifying a rejected draft is not free: on a CPU at batch 8 the target forward is compute-bound,
-so every extra token costs time. Per request, the scheduler keeps one ``DraftBudget``:
+Verifying a rejected draft is not free: on a CPU the target forward is compute-bound, so every
+extra token costs time. Per request, the scheduler keeps one ``DraftBudget``:
 
 * all drafts accepted -> the limit grows by 2 (up to k), like HF's assisted-generation schedule;
 * fewer than half accepted -> the limit shrinks by 1 (not below 1); half or more -> it stays
@@ -14,6 +15,20 @@ so every extra token costs time. Per request, the scheduler keeps one ``DraftBud
 
 Example (k = 4): accepted 4/4 -> limit 4; 2/4 -> 4; 1/4 -> 3; 0/3 -> 2 and a 1-step pause; 0/2
 -> 1 and a 3-step pause; 1/1 -> limit 3, pauses reset.
+
+The budget also estimates ``acceptance()``, the chance that a draft is accepted once the one
+before it was (a geometric model): decayed accepted drafts over accepted drafts plus decayed
+rejections, with a prior of 0.5 weighted as 2 drafts. Draft j of a request with acceptance a
+is then worth a^j expected tokens.
+
+Per batch (``allocate_drafts``): a forward of n rows costs ``1 + c * n`` (c = the row cost,
+``SpeculativeConfig.draft_row_cost``), and a step emits E tokens, one per sampling request plus
+the expected accepted drafts. A draft worth g tokens raises E / cost iff
+``g * (1 + c * n) >= c * E``; drafts are taken best first while that holds. With c = 0 (CUDA,
+where a few more rows cost nothing) every offered draft is verified. Example (c = 0.05): one
+request with acceptance 0.85 verifies all 8 drafts (the 8th is worth 0.27 >= 0.17), while 8
+requests with acceptance 0.5 verify one draft each (the first is worth 0.5 >= 0.29; then a
+second, worth 0.25, falls short of 0.33). The CPU default is c = 0.1.
 """
 
 from __future__ import annotations
@@ -21,6 +36,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAX_PAUSE = 31
+PRIOR, PRIOR_WEIGHT = 0.5, 2.0  # acceptance before any evidence, and its weight in drafts
+DECAY = 0.9  # per verification: older evidence fades
 
 
 @dataclass
@@ -29,6 +46,8 @@ class DraftBudget:
     limit: int
     pause: int = 0  # steps left without drafting
     misses: int = 0  # consecutive verification steps with nothing accepted
+    accepted: float = 0.0  # decayed count of accepted drafts
+    rejections: float = 0.0  # decayed count of verifications that rejected a draft
 
     @classmethod
     def start(cls, k: int) -> "DraftBudget":
@@ -41,9 +60,15 @@ class DraftBudget:
             return 0
         return self.limit
 
+    def acceptance(self) -> float:
+        """P(a draft is accepted | the draft before it was), from recent verifications."""
+        return (self.accepted + PRIOR * PRIOR_WEIGHT) / (self.accepted + self.rejections + PRIOR_WEIGHT)
+
     def update(self, num_drafts: int, num_accepted: int) -> None:
         if num_drafts == 0:
             return
+        self.accepted = DECAY * self.accepted + num_accepted
+        self.rejections = DECAY * self.rejections + (num_accepted < num_drafts)
         if num_accepted == num_drafts:
             self.limit = min(self.k, self.limit + 2)
         elif 2 * num_accepted < num_drafts:
@@ -53,3 +78,22 @@ class DraftBudget:
             self.pause = min(2 ** self.misses - 1, MAX_PAUSE)
         else:
             self.misses = 0
+
+
+def allocate_drafts(offers: list[tuple[int, float]], num_rows: int, row_cost: float, max_drafts: int) -> list[int]:
+    """How many drafts each sampling request verifies this step (see the module docstring).
+
+    ``offers[i]`` = (drafts request i may verify, its acceptance estimate); ``num_rows``: the
+    forward's rows without drafts; ``max_drafts``: what the token budget leaves for drafts.
+    """
+    gains = sorted(((acceptance ** j, i) for i, (n, acceptance) in enumerate(offers) for j in range(1, n + 1)),
+                   key=lambda gain: -gain[0])  # stable: a request's drafts stay in order
+    counts = [0] * len(offers)
+    tokens, rows = float(len(offers)), num_rows
+    for gain, i in gains[:max_drafts]:
+        if gain * (1 + row_cost * rows) < row_cost * tokens:
+            break
+        counts[i] += 1
+        tokens += gain
+        rows += 1
+    return counts

@@ -27,14 +27,15 @@ class SpeculativeConfig:
     method: str
     num_speculative_tokens: int
     verification: str = "rejection"
-    adaptive_draft_length: bool = True  # shrink/pause drafting when drafts keep being rejected (spec/adaptive.py)
-    # drafts only fill a decode step up to this many tokens (last tokens + drafts, whole batch);
-    # None = 10 on CPU and unlimited on CUDA. On the CPU every row of a forward costs (1 thread,
-    # SmolLM2-135M: 1 row 38 ms, 9 rows 74 ms, 17 rows 97 ms), which a lone request's long copy
-    # drafts repay (k=8: 2.1-2.2x on copy-heavy prompts) but a batch's rarely do: at batch 8 on
-    # chat prompts, k=8, a limit of 16 ran 0.82-0.90x of plain decoding and 10 ran 0.85-0.96x
-    # (2 drafts a step), still short of break-even
-    draft_step_tokens: int | None = None
+    # shrink/pause drafting when drafts keep being rejected, and verify in a batch only the drafts
+    # worth their rows (spec/adaptive.py); False = always verify every draft
+    adaptive_draft_length: bool = True
+    # what one more row of a forward costs, as a fraction of a one-row forward (spec/adaptive.py):
+    # drafts are verified only while their expected tokens cover it. None = 0.1 on CPU, where a decode
+    # row costs its share of every matmul and attention over its context (SmolLM2-135M, fp32, 1 thread,
+    # 7 requests at 500 tokens: 7 rows about 125 ms, 14 rows +35-40 ms; one row alone 55 ms), and 0 on
+    # CUDA, where a few more rows cost next to nothing (every draft is verified)
+    draft_row_cost: float | None = None
     prompt_lookup_min: int = 2  # n-gram
     prompt_lookup_max: int = 4
     model: str | None = None  # draft model (HF folder or .gguf)
@@ -43,10 +44,10 @@ class SpeculativeConfig:
     output_dir: str | None = None  # extract_hidden_states: where {request_id}.safetensors files go
     include_output_tokens: bool = False  # extract_hidden_states: dump generated tokens too
 
-    def step_token_limit(self, device_type: str) -> int | None:
-        if self.draft_step_tokens is not None:
-            return self.draft_step_tokens
-        return 10 if device_type == "cpu" else None
+    def row_cost(self, device_type: str) -> float:
+        if self.draft_row_cost is not None:
+            return self.draft_row_cost
+        return 0.1 if device_type == "cpu" else 0.0
 
     @classmethod
     def from_dict(cls, config: dict | "SpeculativeConfig") -> "SpeculativeConfig":
@@ -94,8 +95,10 @@ class SpeculativeConfig:
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError(f"speculative_config.prompt_lookup_min/max: need 1 <= min <= max, got "
                              f"{self.prompt_lookup_min}, {self.prompt_lookup_max}")
-        if self.draft_step_tokens is not None and self.draft_step_tokens < 2:
-            raise ValueError(f"speculative_config.draft_step_tokens: {self.draft_step_tokens} must be >= 2")
+        if self.draft_row_cost is not None and not (isinstance(self.draft_row_cost, (int, float))
+                                                    and 0 <= self.draft_row_cost < float("inf")):
+            raise ValueError(f"speculative_config.draft_row_cost: {self.draft_row_cost!r} must be a number >= 0 "
+                             f"(0 = verify every draft)")
         if self.draft_num_layers is not None and self.draft_num_layers < 1:
             raise ValueError(f"speculative_config.draft_num_layers: {self.draft_num_layers} must be >= 1")
         proposer.validate_config(self)
