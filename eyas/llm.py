@@ -36,8 +36,8 @@ class LLM:
 
     ``model``: None or ``"smollm2"`` for the built-in SmolLM2-135M-Instruct, an HF folder, or a
     ``.gguf`` file. ``dtype``: ``"auto"`` (bfloat16 on CUDA, float32 on CPU), ``"bfloat16"``,
-    ``"float16"`` or ``"float32"``. ``enforce_eager``: no CUDA graphs (on CUDA, drafters replay
-    captured graphs of their draft steps; CPU runs are always eager).
+    ``"float16"`` or ``"float32"``. ``enforce_eager``: no CUDA graphs (on CUDA, the target's decode and
+    verification steps and drafters' draft steps replay captured graphs; CPU runs are always eager).
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, dtype: str | torch.dtype = "auto",
