@@ -19,6 +19,15 @@ def test_ladder_covers_the_largest_batch_with_little_padding():
     assert [graphs.padded_batch_size(n) for n in (1, 3, 5, 9, 17, 25, 32, 33)] == [1, 4, 8, 16, 24, 32, 32, None]
 
 
+def test_uniform_shape_takes_decodes_and_verifications_but_not_prompt_chunks():
+    graphs = StepGraphs(torch.device("cpu"), 30, capture=False)
+    assert graphs.uniform_shape(3, 1, k=3) == (1, 4)  # plain decodes: one row each, 3 requests padded to 4
+    assert graphs.uniform_shape(3, 2, k=3) == (4, 4)  # some request verifies drafts: k + 1 rows each
+    assert graphs.uniform_shape(3, 5, k=3) is None  # a query longer than k + 1 is a prompt chunk
+    assert graphs.uniform_shape(3, 2, k=0) is None  # without speculation only decodes are uniform
+    assert graphs.uniform_shape(33, 1, k=3) is None  # above the ladder
+
+
 def test_eager_mode_runs_the_function_as_is():
     graphs = StepGraphs(torch.device("cpu"), 8, capture=False)
     out = graphs.run("k", lambda x: (x * 2,), torch.arange(3))

@@ -103,6 +103,14 @@ class StepGraphs:
         i = bisect_left(self.sizes, n)
         return self.sizes[i] if i < len(self.sizes) else None
 
+    def uniform_shape(self, num_reqs: int, max_query_len: int, k: int) -> tuple[int, int] | None:
+        """(rows per request, padded batch size) of a verification-layout forward: 1 row for plain decodes,
+        k + 1 when some query carries drafts; None when a query is longer (a prompt chunk) or the batch is
+        above the ladder."""
+        width = 1 if max_query_len == 1 else k + 1
+        size = self.padded_batch_size(num_reqs)
+        return (width, size) if max_query_len <= width and size is not None else None
+
     @property
     def num_graphs(self) -> int:
         return len(self._graphs)

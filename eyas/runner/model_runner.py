@@ -66,7 +66,6 @@ class ModelRunner:
         self.verification = spec.verification if spec else "shared_noise"
         self._draft_probs: dict[str, torch.Tensor] = {}  # request id -> [k, vocab] of its pending drafts
         self.graphs = engine_graphs(config, self.backend)
-        self.graph_widths = (1, spec.num_speculative_tokens + 1) if spec else (1,)  # rows per request
         self.max_blocks = config.max_blocks_per_request
 
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]:
@@ -92,10 +91,10 @@ class ModelRunner:
         inputs = self._prepare(plan)
         q_lens = inputs.query_start_loc[1:] - inputs.query_start_loc[:-1]
         max_q = int(q_lens.max())
-        width = next((w for w in self.graph_widths if max_q <= w), None)
-        size = self.graphs.padded_batch_size(len(q_lens)) if self.graphs is not None and width else None
-        if size is not None:
-            return self._forward_uniform(inputs, width, size), inputs
+        k = self.config.speculative.num_speculative_tokens if self.config.speculative else 0
+        shape = self.graphs.uniform_shape(len(q_lens), max_q, k) if self.graphs is not None else None
+        if shape is not None:
+            return self._forward_uniform(inputs, *shape), inputs
         batch = AttentionBatch(inputs.query_start_loc, inputs.seq_lens, inputs.block_table, inputs.slot_mapping,
                                self.block_size, max_q, int(inputs.seq_lens.max()))
         with forward_context(ForwardContext(self.backend, {0: self.backend.build_metadata(batch, self.device)})):

@@ -96,10 +96,9 @@ class DraftModelProposer(Proposer):
         qsl, seq_lens = inp.query_start_loc, inp.seq_lens
         table = block_table_tensor([t[self.group] for t in inp.block_tables])
         max_q = int((qsl[1:] - qsl[:-1]).max())
-        size = self.graphs.padded_batch_size(len(seq_lens)) if self.graphs is not None and max_q <= self.k + 1 \
-            else None
-        if size is not None:
-            width = 1 if max_q == 1 else self.k + 1
+        shape = self.graphs.uniform_shape(len(seq_lens), max_q, self.k) if self.graphs is not None else None
+        if shape is not None:
+            width, size = shape
             layout = UniformLayout.of(qsl, seq_lens, table, width, size, self.max_blocks, self.device)
             self.graphs.run(("catch_up", size, width, layout.block_table.shape[1]), self._uniform_step,
                             layout.scatter(inp.input_ids), layout.scatter(inp.positions), layout.q_lens,
