@@ -12,8 +12,9 @@ import torch
 import transformers
 from torch._dynamo.utils import counters
 
-from eyas import LLM, SamplingParams
-from eyas.model.attention import AttentionBatch, get_backend
+from eyas import LLM, SamplingParams, kernels
+from eyas.model.attention import AttentionBatch, UniformBatch, default_backend, get_backend
+from eyas.model.attention.sdpa import LONG_QUERY
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 flex_cpu = [pytest.mark.slow, pytest.mark.skipif(os.environ.get("EYAS_TEST_FLEX_CPU") != "1",
@@ -81,18 +82,73 @@ def _case(gen: torch.Generator, layout: list[tuple[int, int]], sliding_window: i
 
 
 @pytest.mark.parametrize("sliding_window", [None, 1, 24])
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+@pytest.mark.parametrize("backend, device", [("sdpa", "cpu"), ("cpu", "cpu"), pytest.param("sdpa", "cuda", marks=needs_cuda)])
 @torch.inference_mode()
-def test_sdpa_matches_reference_on_paged_layouts(device, sliding_window):
+def test_backend_matches_reference_on_paged_layouts(backend, device, sliding_window):
     gen = torch.Generator().manual_seed(1)
-    sdpa = get_backend("sdpa")
+    attn = get_backend(backend)
     for layout in LAYOUTS:
         batch, q, k, v, kv_cache, ref, ref_cache = _case(gen, layout, sliding_window)
         dev = torch.device(device)
         cache = kv_cache.to(dev)
-        got = sdpa.forward(q.to(dev), k.to(dev), v.to(dev), cache, sdpa.build_metadata(batch, dev))
+        got = attn.forward(q.to(dev), k.to(dev), v.to(dev), cache, attn.build_metadata(batch, dev))
         torch.testing.assert_close(got.cpu().double(), ref, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(cache.cpu().double(), ref_cache, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@torch.inference_mode()
+def test_cpu_kernel_widens_half_precision_caches_exactly(dtype):
+    """The C kernel reads bf16/fp16 K/V and sums in float32: its output is the float64 reference on the
+    same rounded values, rounded once to the dtype (within one unit in the last place). Long queries
+    go through SDPA, which rounds on the way, so they get bf16/fp16 tolerances."""
+    gen = torch.Generator().manual_seed(3)
+    attn = get_backend("cpu")
+    for layout in LAYOUTS:
+        batch, q, k, v, kv_cache, _, _ = _case(gen, layout)
+        q, k, v, kv_cache = (t.to(dtype) for t in (q, k, v, kv_cache))
+        ref, ref_cache = _reference(q, k, v, kv_cache, batch)
+        got = attn.forward(q, k, v, kv_cache, attn.build_metadata(batch, torch.device("cpu")))
+        assert got.dtype == dtype and torch.equal(kv_cache.double(), ref_cache)
+        kernel = torch.cat([torch.full((n,), n <= LONG_QUERY) for n, _ in layout])  # [T] rows the kernel made
+        ulp = torch.finfo(dtype).eps * ref[kernel].abs().clamp(min=2 ** -6)
+        assert ((got[kernel].double() - ref[kernel]).abs() <= ulp).all()
+        torch.testing.assert_close(got[~kernel].double(), ref[~kernel], rtol=0, atol=0.02)
+
+
+@pytest.mark.parametrize("sliding_window", [None, 5])
+@torch.inference_mode()
+def test_cpu_uniform_layout_gives_the_flat_rows_and_zero_padding(sliding_window):
+    """The CUDA-graph layout (each request padded to ``width`` rows), which draft steps use on the CPU too."""
+    gen = torch.Generator().manual_seed(4)
+    attn = get_backend("cpu")
+    layout = [(3, 20), (1, 40), (4, 0), (2, 77)]
+    batch, q, k, v, kv_cache, ref, ref_cache = _case(gen, layout, sliding_window)
+    width, num_reqs = 4, len(layout)
+    q_lens = batch.query_start_loc[1:] - batch.query_start_loc[:-1]
+    rows = torch.cat([b * width + torch.arange(n) for b, n in enumerate(q_lens.tolist())])  # flat token -> row
+    pad = lambda t: torch.zeros(num_reqs * width, *t.shape[1:], dtype=t.dtype).index_copy_(0, rows, t)  # noqa: E731
+    uniform = UniformBatch(q_lens, batch.seq_lens, batch.block_table, BLOCK_SIZE, width, sliding_window)
+    cache = kv_cache.clone()
+    cache[:, 0] = 0  # padding rows write their K/V into the null block's slot 0
+    got = attn.forward(pad(q), pad(k), pad(v), cache, attn.build_uniform_metadata(uniform))
+    torch.testing.assert_close(got[rows].double(), ref, rtol=1e-5, atol=1e-5)
+    padding = torch.ones(num_reqs * width, dtype=torch.bool).index_fill_(0, rows, False)
+    assert (got[padding] == 0).all()
+    torch.testing.assert_close(cache[:, 1:].double(), ref_cache[:, 1:], rtol=0, atol=0)
+
+
+def test_without_a_c_compiler_cpu_falls_back_to_sdpa(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("EYAS_CACHE_DIR", str(tmp_path))
+    kernels.load.cache_clear()
+    try:
+        assert default_backend(torch.device("cpu")) == "sdpa"
+        assert "no C compiler" in caplog.text
+        with pytest.raises(ValueError, match="attention_backend: 'cpu' needs its C kernel"):
+            get_backend("cpu")
+    finally:
+        kernels.load.cache_clear()
 
 
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=needs_cuda), pytest.param("cpu", marks=flex_cpu)])

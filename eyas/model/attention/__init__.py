@@ -80,6 +80,21 @@ def layout_slots(block_table: torch.Tensor, query_start_loc: torch.Tensor, seq_l
     return positions, slots
 
 
+def uniform_slots(batch: UniformBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Positions, real-row mask and cache slots of a uniform layout (device tensors, no sync).
+
+    Returns (positions [B, width], real [B, width] bool, slot_mapping [B * width]); padding rows
+    write into the null block (slot 0).
+    """
+    table, bs = batch.block_table, batch.block_size
+    j = torch.arange(batch.width, device=table.device)
+    real = j < batch.q_lens[:, None]  # [B, width]
+    positions = (batch.seq_lens - batch.q_lens)[:, None] + j  # [B, width]
+    block_of = (positions // bs).clamp(0, table.shape[1] - 1)
+    slot_mapping = torch.where(real, table.gather(1, block_of) * bs + positions % bs, 0).flatten()
+    return positions, real, slot_mapping
+
+
 class AttentionBackend(ABC):
     name: str
 
@@ -98,6 +113,7 @@ class AttentionBackend(ABC):
 
 
 _BACKENDS = {"sdpa": ("eyas.model.attention.sdpa", "SdpaBackend"),
+             "cpu": ("eyas.model.attention.cpu", "CpuBackend"),
              "flex": ("eyas.model.attention.flex", "FlexBackend")}
 
 
@@ -109,6 +125,11 @@ def get_backend(name: str) -> AttentionBackend:
 
 
 def default_backend(device: torch.device) -> str:
-    """sdpa on both devices for now: flex's flat varlen layout is correct on CUDA but ~28x slower
-    per layer than sdpa at decode batch 32 (one query tile walks every request's keys)."""
+    """cpu on a CPU where its C kernel builds (else sdpa); sdpa on CUDA: flex's flat varlen layout is
+    correct on CUDA but ~28x slower per layer than sdpa at decode batch 32 (one query tile walks
+    every request's keys)."""
+    if device.type == "cpu":
+        from eyas.model.attention.cpu import load_kernel
+
+        return "cpu" if load_kernel() is not None else "sdpa"
     return "sdpa"

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from eyas.model.attention import AttentionBackend, AttentionBatch, UniformBatch
+from eyas.model.attention import AttentionBackend, AttentionBatch, UniformBatch, uniform_slots
 
 LONG_QUERY = 32  # queries longer than this are attended per request, without padding
 # on CUDA: not cuDNN's kernel, which builds a plan for every new shape (about 40 ms each on an H100, and
@@ -84,23 +84,11 @@ class SdpaBackend(AttentionBackend):
     name = "sdpa"
 
     def build_metadata(self, batch: AttentionBatch, device: torch.device) -> SdpaMetadata:
-        qsl, seq_lens = batch.query_start_loc.tolist(), batch.seq_lens.tolist()  # host tensors
-        singles: list[_Single] = []
+        short, singles = split_requests(batch, device)
+        qsl = batch.query_start_loc.tolist()
         by_length: dict[int, list[int]] = {}  # query length -> its short requests
-        for b, seq_len in enumerate(seq_lens):
-            start, end = qsl[b], qsl[b + 1]
-            if end - start <= LONG_QUERY:
-                by_length.setdefault(end - start, []).append(b)
-                continue
-            kv_pos = torch.arange(seq_len)
-            q_pos = torch.arange(seq_len - (end - start), seq_len)
-            mask = None
-            if end - start != seq_len or batch.sliding_window is not None:
-                visible = kv_pos[None, :] <= q_pos[:, None]
-                if batch.sliding_window is not None:
-                    visible &= kv_pos[None, :] > q_pos[:, None] - batch.sliding_window
-                mask = visible[None, None].to(device)
-            singles.append(_Single(start, end, _slots(batch.block_table[b], kv_pos, batch.block_size).to(device), mask))
+        for b in short:
+            by_length.setdefault(qsl[b + 1] - qsl[b], []).append(b)
         if len(by_length) == 1 and not singles:  # every token, in order
             padded = [self._padded(batch, None, device)]
         else:
@@ -146,11 +134,7 @@ class SdpaBackend(AttentionBackend):
         padded batch straight over the uniform rows."""
         table, bs, width = batch.block_table, batch.block_size, batch.width
         num_reqs, dev = table.shape[0], table.device
-        j = torch.arange(width, device=dev)
-        real = j < batch.q_lens[:, None]  # [B, width]
-        q_pos = (batch.seq_lens - batch.q_lens)[:, None] + j  # [B, width]
-        block_of = (q_pos // bs).clamp(0, table.shape[1] - 1)
-        slot_mapping = torch.where(real, table.gather(1, block_of) * bs + q_pos % bs, 0).flatten()  # padding -> null
+        q_pos, real, slot_mapping = uniform_slots(batch)
         kv_pos = torch.arange(table.shape[1] * bs, device=dev)
         kv_slots = table[:, kv_pos // bs] * bs + kv_pos % bs
         kv_slots = torch.where(kv_pos < batch.seq_lens[:, None], kv_slots, 0)  # [B, W * bs]
@@ -179,10 +163,37 @@ class SdpaBackend(AttentionBackend):
             out = torch.empty_like(q) if out is None else out
             out[p.token_index] = res
         out = torch.empty_like(q) if out is None else out
-        for s in meta.singles:
-            qs = q[s.start:s.end].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
-            ks = k_cache.index_select(0, s.kv_slots).transpose(0, 1).unsqueeze(0)  # [1, KVH, seq_len, D]
-            vs = v_cache.index_select(0, s.kv_slots).transpose(0, 1).unsqueeze(0)
-            res = _attend(qs, ks, vs, s.mask)
-            out[s.start:s.end] = res[0].transpose(0, 1)
+        attend_singles(q, k_cache, v_cache, meta.singles, out)
         return out
+
+
+def split_requests(batch: AttentionBatch, device: torch.device) -> tuple[list[int], list[_Single]]:
+    """The requests with short queries (at most LONG_QUERY tokens), and the long ones as ``_Single``."""
+    qsl, seq_lens = batch.query_start_loc.tolist(), batch.seq_lens.tolist()  # host tensors
+    short, singles = [], []
+    for b, seq_len in enumerate(seq_lens):
+        start, end = qsl[b], qsl[b + 1]
+        if end - start <= LONG_QUERY:
+            short.append(b)
+            continue
+        kv_pos = torch.arange(seq_len)
+        q_pos = torch.arange(seq_len - (end - start), seq_len)
+        mask = None
+        if end - start != seq_len or batch.sliding_window is not None:
+            visible = kv_pos[None, :] <= q_pos[:, None]
+            if batch.sliding_window is not None:
+                visible &= kv_pos[None, :] > q_pos[:, None] - batch.sliding_window
+            mask = visible[None, None].to(device)
+        singles.append(_Single(start, end, _slots(batch.block_table[b], kv_pos, batch.block_size).to(device), mask))
+    return short, singles
+
+
+def attend_singles(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, singles: list[_Single],
+                   out: torch.Tensor) -> None:
+    """Each long query over its gathered context, one request at a time, into ``out`` [T, H, D]."""
+    for s in singles:
+        qs = q[s.start:s.end].transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
+        ks = k_cache.index_select(0, s.kv_slots).transpose(0, 1).unsqueeze(0)  # [1, KVH, seq_len, D]
+        vs = v_cache.index_select(0, s.kv_slots).transpose(0, 1).unsqueeze(0)
+        res = _attend(qs, ks, vs, s.mask)
+        out[s.start:s.end] = res[0].transpose(0, 1)

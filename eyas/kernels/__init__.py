@@ -1,0 +1,76 @@
+"""Native CPU kernels: small C files built on first use by the system C compiler, cached, loaded with ctypes.
+
+A kernel is built once per (source, compiler flags, CPU) into ``<cache_dir>/kernels/<name>-<hash>.so``
+and reloaded from there afterwards (about a second to build). It is built for this CPU
+(``-march=native``) with OpenMP; the library asks for ``libgomp.so.1`` by name, which resolves to
+the copy PyTorch has already loaded, so kernels and PyTorch share one thread pool. When no
+compiler is found or the build fails, ``load`` returns None and says why once in the log; callers
+then take a pure-PyTorch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from eyas.model.resolve import cache_dir
+
+logger = logging.getLogger("eyas")
+_SOURCES = Path(__file__).parent
+_FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"])  # the second for compilers without -march=native
+
+
+def _cpu_id() -> str:
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    lines = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags", "Features"))]
+    return "\n".join(dict.fromkeys(lines))  # one copy per distinct line, not one per core
+
+
+def _build(source: Path, cc: str, flags: list[str]) -> Path | None:
+    text = source.read_bytes()
+    key = hashlib.sha256(text + " ".join([cc, *flags, platform.machine(), _cpu_id()]).encode()).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"{source.stem}-{key}.so"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)  # built aside, then moved: racing builds are safe
+    os.close(fd)
+    result = subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", tmp, str(source), "-lm"],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        os.unlink(tmp)
+        logger.debug("building %s with %s %s failed:\n%s", source.name, cc, " ".join(flags), result.stderr)
+        return None
+    os.replace(tmp, target)
+    return target
+
+
+@functools.cache
+def load(name: str) -> ctypes.CDLL | None:
+    """The kernel library ``eyas/kernels/<name>.c``, built if needed; None if it cannot be built."""
+    import torch  # noqa: F401  (PyTorch's libgomp must be loaded first, so the kernel's OpenMP binds to it)
+
+    candidates = [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc"]
+    cc = next((found for c in candidates if (found := shutil.which(c))), None)
+    if cc is None:
+        logger.warning("no C compiler (%s) found: the native %s kernel is off, PyTorch ops are used instead",
+                       " or ".join(candidates), name)
+        return None
+    for flags in _FLAG_SETS:
+        path = _build(_SOURCES / f"{name}.c", cc, flags)
+        if path is not None:
+            return ctypes.CDLL(str(path))
+    logger.warning("%s could not build the native %s kernel (rerun with logging at DEBUG for the compiler's "
+                   "output): PyTorch ops are used instead", cc, name)
+    return None

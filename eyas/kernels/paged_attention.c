@@ -1,0 +1,251 @@
+/* Paged attention for short queries on the CPU, reading K/V in place from the block-paged cache.
+ *
+ * One call attends every listed request. Request n owns query tokens q_start[n] ..
+ * q_start[n] + q_len[n] - 1, the last q_len[n] of its seq_len[n] context positions; its K/V for
+ * position p live in cache slot table[row[n] * table_width + p / block_size] * block_size +
+ * p % block_size. Query j of the request (at position seq_len - q_len + j) sees the keys
+ * lo .. seq_len - q_len + j, with lo = 0, or for a sliding window of w keys
+ * max(0, position - w + 1).
+ *
+ * A work item is one (request, KV head): the G query heads of that KV head times the q_len
+ * tokens make R = G * q_len rows that share every K/V row, so K/V are read from the cache once
+ * per item. Keys are visited a cache block at a time with an online softmax (a running maximum
+ * m and sum l per row): scores of the block, then rescale the accumulators if the maximum moved,
+ * then add p * V. Everything is summed in float32; the cache may hold float32, bfloat16 or
+ * float16 values (cache_dtype 0, 1, 2), widened exactly on load.
+ *
+ * Example: block_size 4, one request with q_len 2, seq_len 6 and table row [7, 3]: its two
+ * queries sit at positions 4 and 5, the keys of positions 0..3 live in slots 28..31 and those of
+ * 4..5 in slots 12..13; query 0 sees positions 0..4, query 1 sees 0..5.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v8f __attribute__((vector_size(32)));
+
+static inline v8f load8(const float *p) {
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void store8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+
+#define MAX_VEC_D 128 /* head dims up to this (multiples of 8) keep a row in registers; others take scalar tails */
+
+static inline float hsum(v8f v) { return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7])); }
+
+/* s[t] = q . k[t] for t < n (d-wide rows). */
+static inline void dots(const float *q, const float *const *k, int64_t n, int64_t d, float *s) {
+    if (d % 8 == 0 && d <= MAX_VEC_D) {
+        v8f qv[MAX_VEC_D / 8];
+        for (int64_t i = 0; i < d / 8; i++) qv[i] = load8(q + 8 * i);
+        for (int64_t t = 0; t < n; t++) {
+            v8f a = {0}, b = {0};
+            int64_t i = 0;
+            for (; i + 2 <= d / 8; i += 2) {
+                a += qv[i] * load8(k[t] + 8 * i);
+                b += qv[i + 1] * load8(k[t] + 8 * i + 8);
+            }
+            if (i < d / 8) a += qv[i] * load8(k[t] + 8 * i);
+            s[t] = hsum(a + b);
+        }
+        return;
+    }
+    for (int64_t t = 0; t < n; t++) {
+        float a = 0.0f;
+        for (int64_t i = 0; i < d; i++) a += q[i] * k[t][i];
+        s[t] = a;
+    }
+}
+
+/* y += sum_t p[t] * v[t] over t < n (d-wide rows). */
+static inline void accumulate(float *y, const float *p, const float *const *v, int64_t n, int64_t d) {
+    if (d % 8 == 0 && d <= MAX_VEC_D) {
+        v8f yv[MAX_VEC_D / 8];
+        for (int64_t i = 0; i < d / 8; i++) yv[i] = load8(y + 8 * i);
+        for (int64_t t = 0; t < n; t++) {
+            if (p[t] == 0.0f) continue; /* hidden key */
+            for (int64_t i = 0; i < d / 8; i++) yv[i] += p[t] * load8(v[t] + 8 * i);
+        }
+        for (int64_t i = 0; i < d / 8; i++) store8(y + 8 * i, yv[i]);
+        return;
+    }
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t i = 0; i < d; i++) y[i] += p[t] * v[t][i];
+}
+
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13); /* inf, nan */
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13); /* normal: rebias 15 -> 127 */
+    } else if (man == 0) {
+        bits = sign; /* zero */
+    } else { /* subnormal: value = man * 2^-24 */
+        float f = (float)man * 5.9604644775390625e-08f;
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Pointers to n consecutive cache rows as float32: the rows themselves for float32 caches, else
+ * copies widened into buf [n, d]. */
+static inline void rows_f32(const void *base, int64_t index, int64_t stride, int64_t n, int dtype, int64_t d,
+                            float *buf, const float **rows) {
+    for (int64_t t = 0; t < n; t++) {
+        int64_t at = index + t * stride;
+        if (dtype == 0) {
+            rows[t] = (const float *)base + at;
+            continue;
+        }
+        const uint16_t *src = (const uint16_t *)base + at;
+        float *dst = buf + t * d;
+        if (dtype == 1) {
+            for (int64_t i = 0; i < d; i++) {
+                uint32_t bits = (uint32_t)src[i] << 16;
+                memcpy(dst + i, &bits, 4);
+            }
+        } else {
+            for (int64_t i = 0; i < d; i++) dst[i] = half_to_float(src[i]);
+        }
+        rows[t] = dst;
+    }
+}
+
+/* One (request, KV head) item. Always inlined into callers with a constant d, so the per-row
+ * loops over d unroll and keep a query or accumulator row in registers. */
+static inline __attribute__((always_inline)) void attend_item(
+        const float *q, float *out, const void *k_cache, const void *v_cache, int cache_dtype, int64_t slot_stride,
+        const int64_t *table, int64_t block_size, int64_t q_start, int64_t q_len, int64_t seq_len, int64_t kv_head,
+        int64_t groups, int64_t num_heads, const int64_t d, int64_t window, float scale, float *work) {
+    const int64_t rows = groups * q_len;
+    float *qs = work;                      /* [rows, d] scaled queries */
+    float *acc = qs + rows * d;            /* [rows, d] */
+    float *m = acc + rows * d;             /* [rows] running max */
+    float *l = m + rows;                   /* [rows] running sum */
+    float *s = l + rows;                   /* [rows, block_size] scores, then probabilities */
+    float *kbuf = s + rows * block_size;   /* [block_size, d] widened K rows */
+    float *vbuf = kbuf + block_size * d;   /* [block_size, d] widened V rows */
+    /* [block_size] row pointers, 8-byte aligned (the floats before them are even in number) */
+    const float **kp = (const float **)(vbuf + block_size * d + (rows * block_size) % 2);
+    const float **vp = kp + block_size;
+    int64_t first = seq_len - q_len; /* position of query 0 */
+    int64_t lo_all = window > 0 ? first - window + 1 : 0;
+    if (lo_all < 0) lo_all = 0;
+    for (int64_t r = 0; r < rows; r++) { /* row r = token r / groups, head kv_head * groups + r % groups */
+        const float *src = q + ((q_start + r / groups) * num_heads + kv_head * groups + r % groups) * d;
+        for (int64_t i = 0; i < d; i++) qs[r * d + i] = src[i] * scale;
+        memset(acc + r * d, 0, d * sizeof(float));
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    for (int64_t start = lo_all - lo_all % block_size; start < seq_len; start += block_size) {
+        int64_t slot0 = table[start / block_size] * block_size;
+        int64_t n = seq_len - start < block_size ? seq_len - start : block_size;
+        int64_t at = slot0 * slot_stride + kv_head * d;
+        rows_f32(k_cache, at, slot_stride, n, cache_dtype, d, kbuf, kp);
+        rows_f32(v_cache, at, slot_stride, n, cache_dtype, d, vbuf, vp);
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t qpos = first + r / groups;
+            int64_t lo = window > 0 ? qpos - window + 1 : 0; /* visible positions lo..qpos */
+            int64_t t0 = lo > start ? lo - start : 0, t1 = qpos - start + 1 < n ? qpos - start + 1 : n;
+            if (t0 >= t1) continue; /* no key of this block visible to the row */
+            float *sr = s + r * block_size, mx = -INFINITY;
+            dots(qs + r * d, kp + t0, t1 - t0, d, sr);
+            for (int64_t t = 0; t < t1 - t0; t++) mx = sr[t] > mx ? sr[t] : mx;
+            if (mx > m[r]) {
+                float alpha = expf(m[r] - mx); /* 0 on the first visible block */
+                l[r] *= alpha;
+                for (int64_t i = 0; i < d; i++) acc[r * d + i] *= alpha;
+                m[r] = mx;
+            }
+            float sum = 0.0f;
+            for (int64_t t = 0; t < t1 - t0; t++) {
+                sr[t] = expf(sr[t] - m[r]);
+                sum += sr[t];
+            }
+            l[r] += sum;
+            accumulate(acc + r * d, sr, vp + t0, t1 - t0, d);
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        float *dst = out + ((q_start + r / groups) * num_heads + kv_head * groups + r % groups) * d;
+        float inv = 1.0f / l[r];
+        for (int64_t i = 0; i < d; i++) dst[i] = acc[r * d + i] * inv;
+    }
+}
+
+#define ITEM_ARGS q, out, k_cache, v_cache, cache_dtype, slot_stride, table, block_size, q_start, q_len, seq_len, \
+                  kv_head, groups, num_heads
+static void attend_item_64(const float *q, float *out, const void *k_cache, const void *v_cache, int cache_dtype,
+                           int64_t slot_stride, const int64_t *table, int64_t block_size, int64_t q_start,
+                           int64_t q_len, int64_t seq_len, int64_t kv_head, int64_t groups, int64_t num_heads,
+                           int64_t window, float scale, float *work) {
+    attend_item(ITEM_ARGS, 64, window, scale, work);
+}
+
+static void attend_item_128(const float *q, float *out, const void *k_cache, const void *v_cache, int cache_dtype,
+                            int64_t slot_stride, const int64_t *table, int64_t block_size, int64_t q_start,
+                            int64_t q_len, int64_t seq_len, int64_t kv_head, int64_t groups, int64_t num_heads,
+                            int64_t window, float scale, float *work) {
+    attend_item(ITEM_ARGS, 128, window, scale, work);
+}
+
+static void attend_item_any(const float *q, float *out, const void *k_cache, const void *v_cache, int cache_dtype,
+                            int64_t slot_stride, const int64_t *table, int64_t block_size, int64_t q_start,
+                            int64_t q_len, int64_t seq_len, int64_t kv_head, int64_t groups, int64_t num_heads,
+                            int64_t d, int64_t window, float scale, float *work) {
+    attend_item(ITEM_ARGS, d, window, scale, work);
+}
+
+/* q, out: [num_tokens, num_heads, d] float32. k_cache, v_cache: [num_slots, num_kv_heads, d] of
+ * cache_dtype, slot_stride elements apart. table: [*, table_width] int64. q_start, q_len,
+ * seq_len, row: [num_reqs] int64. window <= 0: no sliding window. Returns 0, or -1 when out of
+ * memory. */
+int eyas_paged_attention(const float *q, float *out, const void *k_cache, const void *v_cache, int cache_dtype,
+                         int64_t slot_stride, const int64_t *table, int64_t table_width, int64_t block_size,
+                         const int64_t *q_start, const int64_t *q_len, const int64_t *seq_len, const int64_t *row,
+                         int64_t num_reqs, int64_t num_heads, int64_t num_kv_heads, int64_t d, int64_t window,
+                         float scale, int num_threads) {
+    const int64_t groups = num_heads / num_kv_heads;
+    int64_t max_q = 1;
+    for (int64_t n = 0; n < num_reqs; n++) max_q = q_len[n] > max_q ? q_len[n] : max_q;
+    const int64_t max_rows = groups * max_q;
+    /* floats: qs, acc, m, l, s, kbuf, vbuf, then 2 * block_size pointers (2 floats each, at most) */
+    const int64_t work_floats = 2 * max_rows * d + 2 * max_rows + max_rows * block_size + 2 * block_size * d
+                                + 4 * block_size + 1;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+        float *work = malloc(work_floats * sizeof(float));
+        if (work == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < num_reqs * num_kv_heads; item++) {
+            if (work == NULL) continue;
+            int64_t n = item / num_kv_heads, g = item % num_kv_heads;
+            if (q_len[n] == 0) continue;
+            const int64_t *tbl = table + row[n] * table_width;
+            if (d == 64)
+                attend_item_64(q, out, k_cache, v_cache, cache_dtype, slot_stride, tbl, block_size, q_start[n],
+                               q_len[n], seq_len[n], g, groups, num_heads, window, scale, work);
+            else if (d == 128)
+                attend_item_128(q, out, k_cache, v_cache, cache_dtype, slot_stride, tbl, block_size, q_start[n],
+                                q_len[n], seq_len[n], g, groups, num_heads, window, scale, work);
+            else
+                attend_item_any(q, out, k_cache, v_cache, cache_dtype, slot_stride, tbl, block_size, q_start[n],
+                                q_len[n], seq_len[n], g, groups, num_heads, d, window, scale, work);
+        }
+        free(work);
+    }
+    return failed ? -1 : 0;
+}
