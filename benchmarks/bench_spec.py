@@ -61,6 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--k", type=int, default=8, help="num_speculative_tokens (HF: prompt_lookup_num_tokens)")
     p.add_argument("--lookup-min", type=int, default=2, help="eyas prompt_lookup_min")
     p.add_argument("--lookup-max", type=int, default=4, help="eyas prompt_lookup_max (HF: max_matching_ngram_size)")
+    p.add_argument("--row-cost", type=float, default=None,
+                   help="eyas speculative_config draft_row_cost (default: the engine's for the device)")
     p.add_argument("--num-prompts", type=int, default=8, help="prompts per set; a larger B runs at this size")
     p.add_argument("--batch1-prompts", type=int, default=4,
                    help="B = 1 runs this many prompts one at a time (capped at --num-prompts)")
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model_path = resolve_model(args.model)
     spec = {"method": "ngram", "num_speculative_tokens": args.k,
-            "prompt_lookup_min": args.lookup_min, "prompt_lookup_max": args.lookup_max}
+            "prompt_lookup_min": args.lookup_min, "prompt_lookup_max": args.lookup_max, "draft_row_cost": args.row_cost}
     common = {"dtype": args.dtype, "num_threads": args.threads, "enable_prefix_caching": False,
               "max_num_seqs": max(64, max(args.batch_sizes))}
     plain = LLM(args.model, **common)
@@ -191,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         hf = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
 
     print(f"model {model_path}; eos {eos}; greedy, up to {args.max_tokens} new tokens (EOS stops earlier)")
-    print(f"eyas ngram: k={args.k}, lookup n-grams {args.lookup_min}-{args.lookup_max}; prefix caching off. "
+    print(f"eyas ngram: k={args.k}, lookup n-grams {args.lookup_min}-{args.lookup_max}, draft_row_cost "
+          f"{ngram.engine.scheduler.draft_row_cost}; prefix caching off. "
           f"HF: prompt_lookup_num_tokens={args.k}, max_matching_ngram_size={args.lookup_max} "
           f"(HF tries n-grams {args.lookup_max} down to 1)")
     print(f"B=1: first {args.batch1_prompts} prompts one at a time (HF: {args.hf_batch1_prompts}), summed; "

@@ -38,6 +38,9 @@ class LLM:
     ``.gguf`` file. ``dtype``: ``"auto"`` (bfloat16 on CUDA, float32 on CPU), ``"bfloat16"``,
     ``"float16"`` or ``"float32"``. ``enforce_eager``: no CUDA graphs (on CUDA, the target's decode and
     verification steps and drafters' draft steps replay captured graphs; CPU runs are always eager).
+    ``attention_backend``: None picks ``"cpu"`` on a CPU (its C kernel is built on first use, about a
+    second, and cached; ``"sdpa"`` where no C compiler is found) and ``"sdpa"`` on CUDA; ``"flex"``
+    is FlexAttention.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, dtype: str | torch.dtype = "auto",

@@ -33,8 +33,9 @@ class SpeculativeConfig:
     # what one more row of a forward costs, as a fraction of a one-row forward (spec/adaptive.py):
     # drafts are verified only while their expected tokens cover it. None = 0.1 on CPU, where a decode
     # row costs its share of every matmul and attention over its context (SmolLM2-135M, fp32, 1 thread,
-    # 7 requests at 500 tokens: 7 rows about 125 ms, 14 rows +35-40 ms; one row alone 55 ms), and 0 on
-    # CUDA, where a few more rows cost next to nothing (every draft is verified)
+    # n-gram steps on 7 chat requests at 100-500 tokens: 7 rows 92 ms, 14 rows 131 ms, so 5.5 ms a row;
+    # one row alone 58 ms), and 0 on CUDA, where a few more rows cost next to nothing (every draft is
+    # verified)
     draft_row_cost: float | None = None
     prompt_lookup_min: int = 2  # n-gram
     prompt_lookup_max: int = 4

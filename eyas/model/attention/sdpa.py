@@ -1,4 +1,6 @@
-"""CPU attention backend: gather paged K/V, then SDPA.
+"""Attention backend ``sdpa``: gather paged K/V, then PyTorch SDPA (the CUDA default; on a CPU, the
+fallback where the ``cpu`` backend's C kernel cannot be built, and the ``cpu`` backend's path for
+long queries).
 
 Requests with short queries (decodes, verification chains of k+1 tokens) are attended in padded
 batches, one per query length, so a decode is not padded to the longest verification chain in
