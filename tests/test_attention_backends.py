@@ -138,6 +138,23 @@ def test_cpu_uniform_layout_gives_the_flat_rows_and_zero_padding(sliding_window)
     torch.testing.assert_close(cache[:, 1:].double(), ref_cache[:, 1:], rtol=0, atol=0)
 
 
+@torch.inference_mode()
+def test_cpu_kernel_gives_the_same_bits_on_any_thread_count():
+    """Each (request, KV head) is summed by one thread in a fixed order: no races, no thread-count drift."""
+    gen = torch.Generator().manual_seed(5)
+    attn = get_backend("cpu")
+    batch, q, k, v, kv_cache, _, _ = _case(gen, [(1, 40 + 37 * i) for i in range(16)] + [(9, 300), (5, 3)])
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs.append(attn.forward(q, k, v, kv_cache.clone(), attn.build_metadata(batch, torch.device("cpu"))))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
 def test_without_a_c_compiler_cpu_falls_back_to_sdpa(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("EYAS_CACHE_DIR", str(tmp_path))

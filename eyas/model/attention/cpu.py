@@ -52,6 +52,11 @@ class CpuMetadata:
     singles: list[_Single]  # long queries, through SDPA
 
 
+def _int64(t: torch.Tensor) -> torch.Tensor:
+    """What the kernel reads: int64, contiguous (a no-op for the runner's tensors)."""
+    return t.to(torch.int64).contiguous()
+
+
 class CpuBackend(AttentionBackend):
     name = "cpu"
 
@@ -67,14 +72,14 @@ class CpuBackend(AttentionBackend):
         starts = batch.query_start_loc[rows]
         q_lens = batch.query_start_loc[rows + 1] - starts
         requests = torch.stack([starts, q_lens, batch.seq_lens[rows], rows])
-        return CpuMetadata(batch.slot_mapping, requests, batch.block_table.contiguous(), batch.block_size,
+        return CpuMetadata(batch.slot_mapping, _int64(requests), _int64(batch.block_table), batch.block_size,
                            batch.sliding_window or 0, False, singles)
 
     def build_uniform_metadata(self, batch: UniformBatch) -> CpuMetadata:
         _, _, slot_mapping = uniform_slots(batch)
         rows = torch.arange(batch.q_lens.shape[0])
         requests = torch.stack([rows * batch.width, batch.q_lens, batch.seq_lens, rows])
-        return CpuMetadata(slot_mapping, requests, batch.block_table.contiguous(), batch.block_size,
+        return CpuMetadata(slot_mapping, _int64(requests), _int64(batch.block_table), batch.block_size,
                            batch.sliding_window or 0, True, [])
 
     def forward(self, q, k, v, kv_cache, meta: CpuMetadata):
@@ -84,7 +89,8 @@ class CpuBackend(AttentionBackend):
         v_cache.index_copy_(0, meta.slot_mapping, v)
         qf = q.float().contiguous()  # [T, H, D]
         out = (torch.zeros if meta.zero_fill else torch.empty)(num_tokens, num_heads, head_dim)
-        requests = meta.requests.contiguous()
+        requests = meta.requests
+        assert k_cache.stride(1) == head_dim and k_cache.stride(2) == 1 and v_cache.stride(0) == k_cache.stride(0)
         if requests.shape[1]:
             status = self._kernel(
                 qf.data_ptr(), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), _CACHE_DTYPES[k_cache.dtype],
