@@ -6,6 +6,7 @@ only when ``EYAS_TEST_FLEX_CPU=1``; the CUDA checks run wherever torch sees a GP
 
 import dataclasses
 import os
+import sys
 
 import pytest
 import torch
@@ -136,6 +137,18 @@ def test_cpu_uniform_layout_gives_the_flat_rows_and_zero_padding(sliding_window)
     padding = torch.ones(num_reqs * width, dtype=torch.bool).index_fill_(0, rows, False)
     assert (got[padding] == 0).all()
     torch.testing.assert_close(cache[:, 1:].double(), ref_cache[:, 1:], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("head_dim", [20, 64, 128])
+@torch.inference_mode()
+def test_cpu_kernel_head_dims(monkeypatch, head_dim):
+    """64 and 128 take copies of the kernel specialised for them; 20 (not a multiple of 8) the scalar loops."""
+    monkeypatch.setattr(sys.modules[__name__], "HEAD_DIM", head_dim)
+    gen = torch.Generator().manual_seed(6)
+    attn = get_backend("cpu")
+    batch, q, k, v, kv_cache, ref, ref_cache = _case(gen, [(1, 70), (4, 33), (9, 0)], sliding_window=20)
+    got = attn.forward(q, k, v, kv_cache, attn.build_metadata(batch, torch.device("cpu")))
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
 
 
 @torch.inference_mode()

@@ -119,8 +119,9 @@ static inline void rows_f32(const void *base, int64_t index, int64_t stride, int
     }
 }
 
-/* One (request, KV head) item. Always inlined into callers with a constant d, so the per-row
- * loops over d unroll and keep a query or accumulator row in registers. */
+/* One (request, KV head) item. Always inlined, and called with a constant d for common head dims
+ * (the switch in eyas_paged_attention), so the loops over d unroll and keep a query or accumulator
+ * row in registers. */
 static inline __attribute__((always_inline)) void attend_item(
         const float *q, float *out, const void *k_cache, const void *v_cache, int cache_dtype, int64_t slot_stride,
         const int64_t *table, int64_t block_size, int64_t q_start, int64_t q_len, int64_t seq_len, int64_t kv_head,
@@ -182,29 +183,6 @@ static inline __attribute__((always_inline)) void attend_item(
     }
 }
 
-#define ITEM_ARGS q, out, k_cache, v_cache, cache_dtype, slot_stride, table, block_size, q_start, q_len, seq_len, \
-                  kv_head, groups, num_heads
-static void attend_item_64(const float *q, float *out, const void *k_cache, const void *v_cache, int cache_dtype,
-                           int64_t slot_stride, const int64_t *table, int64_t block_size, int64_t q_start,
-                           int64_t q_len, int64_t seq_len, int64_t kv_head, int64_t groups, int64_t num_heads,
-                           int64_t window, float scale, float *work) {
-    attend_item(ITEM_ARGS, 64, window, scale, work);
-}
-
-static void attend_item_128(const float *q, float *out, const void *k_cache, const void *v_cache, int cache_dtype,
-                            int64_t slot_stride, const int64_t *table, int64_t block_size, int64_t q_start,
-                            int64_t q_len, int64_t seq_len, int64_t kv_head, int64_t groups, int64_t num_heads,
-                            int64_t window, float scale, float *work) {
-    attend_item(ITEM_ARGS, 128, window, scale, work);
-}
-
-static void attend_item_any(const float *q, float *out, const void *k_cache, const void *v_cache, int cache_dtype,
-                            int64_t slot_stride, const int64_t *table, int64_t block_size, int64_t q_start,
-                            int64_t q_len, int64_t seq_len, int64_t kv_head, int64_t groups, int64_t num_heads,
-                            int64_t d, int64_t window, float scale, float *work) {
-    attend_item(ITEM_ARGS, d, window, scale, work);
-}
-
 /* q, out: [num_tokens, num_heads, d] float32. k_cache, v_cache: [num_slots, num_kv_heads, d] of
  * cache_dtype, slot_stride elements apart. table: [*, table_width] int64. q_start, q_len,
  * seq_len, row: [num_reqs] int64. window <= 0: no sliding window. Returns 0, or -1 when out of
@@ -235,15 +213,14 @@ int eyas_paged_attention(const float *q, float *out, const void *k_cache, const 
             int64_t n = item / num_kv_heads, g = item % num_kv_heads;
             if (q_len[n] == 0) continue;
             const int64_t *tbl = table + row[n] * table_width;
-            if (d == 64)
-                attend_item_64(q, out, k_cache, v_cache, cache_dtype, slot_stride, tbl, block_size, q_start[n],
-                               q_len[n], seq_len[n], g, groups, num_heads, window, scale, work);
-            else if (d == 128)
-                attend_item_128(q, out, k_cache, v_cache, cache_dtype, slot_stride, tbl, block_size, q_start[n],
-                                q_len[n], seq_len[n], g, groups, num_heads, window, scale, work);
-            else
-                attend_item_any(q, out, k_cache, v_cache, cache_dtype, slot_stride, tbl, block_size, q_start[n],
-                                q_len[n], seq_len[n], g, groups, num_heads, d, window, scale, work);
+#define ITEM(D) attend_item(q, out, k_cache, v_cache, cache_dtype, slot_stride, tbl, block_size, q_start[n], q_len[n], \
+                            seq_len[n], g, groups, num_heads, D, window, scale, work)
+            switch (d) { /* common head dims get a copy specialised for them */
+                case 64: ITEM(64); break;
+                case 128: ITEM(128); break;
+                default: ITEM(d);
+            }
+#undef ITEM
         }
         free(work);
     }
