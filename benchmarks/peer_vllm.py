@@ -14,7 +14,8 @@ For each batch size B it warms up, then times ``llm.generate`` over the first B 
 call (B > 1), or over the first ``--batch1-prompts`` prompts one call each, summed (B == 1).
 One JSON object per batch size goes to stdout (vLLM's own logging is sent to stderr), with
 tokens/s and the greedy token ids of every prompt, so a caller can compare them with eyas.
-Start-up (model load, compile, KV-cache allocation) takes about a minute and is not timed.
+Start-up (model load, compile, KV-cache allocation) takes about a minute and is not timed. Prefix
+caching is off, as in eyas's benchmarks (the warm-up runs the timed prompts).
 """
 
 from __future__ import annotations
@@ -167,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         max_num_seqs=max(max(args.batch_sizes), 1),
         seed=args.seed,
         enforce_eager=args.enforce_eager,
+        # as eyas's benchmarks: the warm-up runs the timed prompts, so a prefix cache would skip their prefill
+        enable_prefix_caching=False,
         speculative_config=speculative_config,
         disable_log_stats=speculative_config is None,  # stats on: spec metrics readable
         **memory_kwargs,
