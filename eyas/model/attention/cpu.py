@@ -23,7 +23,7 @@ import torch
 
 from eyas import kernels
 from eyas.model.attention import AttentionBackend, AttentionBatch, UniformBatch, uniform_slots
-from eyas.model.attention.sdpa import _Single, attend_singles, split_requests
+from eyas.model.attention.sdpa import Single, attend_singles, split_requests
 
 _CACHE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
@@ -49,7 +49,7 @@ class CpuMetadata:
     block_size: int
     window: int  # keys a query sees (itself included); 0 = all
     zero_fill: bool  # rows outside every listed request must read 0 (uniform layouts' padding)
-    singles: list[_Single]  # long queries, through SDPA
+    singles: list[Single]  # long queries, through SDPA
 
 
 def _int64(t: torch.Tensor) -> torch.Tensor:

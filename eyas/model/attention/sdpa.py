@@ -64,7 +64,7 @@ class _Padded:
 
 
 @dataclass
-class _Single:
+class Single:
     start: int  # the request's tokens are start:end of the flat batch
     end: int
     kv_slots: torch.Tensor  # [seq_len]
@@ -75,7 +75,7 @@ class _Single:
 class SdpaMetadata:
     slot_mapping: torch.Tensor  # [T]
     padded: list[_Padded]  # one per query length of the short requests
-    singles: list[_Single]
+    singles: list[Single]
 
 
 def _slots(block_table_row: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -169,8 +169,8 @@ class SdpaBackend(AttentionBackend):
         return out
 
 
-def split_requests(batch: AttentionBatch, device: torch.device) -> tuple[list[int], list[_Single]]:
-    """The requests with short queries (at most LONG_QUERY tokens), and the long ones as ``_Single``."""
+def split_requests(batch: AttentionBatch, device: torch.device) -> tuple[list[int], list[Single]]:
+    """The requests with short queries (at most LONG_QUERY tokens), and the long ones as ``Single``."""
     qsl, seq_lens = batch.query_start_loc.tolist(), batch.seq_lens.tolist()  # host tensors
     short, singles = [], []
     for b, seq_len in enumerate(seq_lens):
@@ -186,11 +186,11 @@ def split_requests(batch: AttentionBatch, device: torch.device) -> tuple[list[in
             if batch.sliding_window is not None:
                 visible &= kv_pos[None, :] > q_pos[:, None] - batch.sliding_window
             mask = visible[None, None].to(device)
-        singles.append(_Single(start, end, _slots(batch.block_table[b], kv_pos, batch.block_size).to(device), mask))
+        singles.append(Single(start, end, _slots(batch.block_table[b], kv_pos, batch.block_size).to(device), mask))
     return short, singles
 
 
-def attend_singles(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, singles: list[_Single],
+def attend_singles(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, singles: list[Single],
                    out: torch.Tensor) -> None:
     """Each long query over its gathered context, one request at a time, into ``out`` [T, H, D]."""
     for s in singles:
