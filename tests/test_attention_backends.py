@@ -15,6 +15,7 @@ from torch._dynamo.utils import counters
 
 from eyas import LLM, SamplingParams, kernels
 from eyas.model.attention import AttentionBatch, UniformBatch, default_backend, get_backend
+from eyas.model.attention.cpu import load_kernel
 from eyas.model.attention.sdpa import LONG_QUERY
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -172,6 +173,7 @@ def test_without_a_c_compiler_cpu_falls_back_to_sdpa(monkeypatch, tmp_path, capl
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("EYAS_CACHE_DIR", str(tmp_path))
     kernels.load.cache_clear()
+    load_kernel.cache_clear()
     try:
         assert default_backend(torch.device("cpu")) == "sdpa"
         assert "no C compiler" in caplog.text
@@ -179,6 +181,7 @@ def test_without_a_c_compiler_cpu_falls_back_to_sdpa(monkeypatch, tmp_path, capl
             get_backend("cpu")
     finally:
         kernels.load.cache_clear()
+        load_kernel.cache_clear()
 
 
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=needs_cuda), pytest.param("cpu", marks=flex_cpu)])

@@ -1,7 +1,7 @@
 """Native CPU kernels: small C files built on first use by the system C compiler, cached, loaded with ctypes.
 
 A kernel is built once per (source, compiler flags, CPU) into ``<cache_dir>/kernels/<name>-<hash>.so``
-and reloaded from there afterwards (about a second to build). It is built for this CPU
+and reloaded from there afterwards (building takes 2-3 s on the project's CPU). It is built for this CPU
 (``-march=native``) with OpenMP; the library asks for ``libgomp.so.1`` by name, which resolves to
 the copy PyTorch has already loaded, so kernels and PyTorch share one thread pool. When no
 compiler is found or the build fails, ``load`` returns None and says why once in the log; callers

@@ -17,6 +17,7 @@ with ``q_start = b * width``, and leaves padding rows at zero.
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,7 @@ _CACHE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 
+@functools.cache
 def load_kernel():
     """The C kernel's entry point, or None where it cannot be built (then the ``sdpa`` backend serves)."""
     lib = kernels.load("paged_attention")
