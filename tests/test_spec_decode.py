@@ -112,6 +112,39 @@ def test_mixed_batch_with_opt_out_and_prefills(spec_models):
     assert sum(o.spec_metrics["num_drafted"] for o in outs[0::2]) > 0
 
 
+def test_verification_computes_logits_of_verified_positions_only_and_keeps_logprobs(spec_models, monkeypatch):
+    """Each step computes logits for every sampling request's last token plus its drafts (R + sum of
+    drafts rows, not R * (k + 1) padded rows), and the logprobs of the emitted tokens are those of
+    plain decoding."""
+    target = str(spec_models["target"])
+    prompts = _prompts(6)
+    params = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, speculate=False)] * 3
+    ref = LLM(target, dtype="float32", max_model_len=256, kv_cache_gb=0.02).generate(prompts, params, use_tqdm=False)
+    llm = LLM(target, dtype="float32", max_model_len=256, kv_cache_gb=0.02,
+              speculative_config=_spec_config("ngram", spec_models))
+    runner = llm.engine.runner
+    rows, verified = [], []
+    compute_logits, execute = runner.model.compute_logits, runner.execute
+    monkeypatch.setattr(runner.model, "compute_logits", lambda hidden: rows.append(len(hidden)) or compute_logits(hidden))
+
+    def counting_execute(plan):
+        sampling = [len(e.draft_token_ids) for e in plan.scheduled if e.samples]
+        if sampling:
+            verified.append((len(sampling), sum(sampling), max(sampling)))
+        return execute(plan)
+
+    monkeypatch.setattr(runner, "execute", counting_execute)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert _tokens(outs) == _tokens(ref)
+    assert rows == [n + drafts for n, drafts, _ in verified]
+    assert any(drafts and n * (longest + 1) > n + drafts for n, drafts, longest in verified)  # padding was saved
+    for got, want in zip(outs[0::2], ref[0::2]):
+        for lp, lp_ref in zip(got.outputs[0].logprobs, want.outputs[0].logprobs):
+            assert lp.keys() == lp_ref.keys()
+            assert list(lp.values()) == pytest.approx(list(lp_ref.values()), abs=1e-4)
+
+
 class OracleProposer(Proposer):
     """Drafts [true, true, wrong] continuations of the reference output: exactly 2 of 3 accepted."""
 

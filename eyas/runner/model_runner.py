@@ -132,12 +132,16 @@ class ModelRunner:
         drafts = torch.zeros(len(entries), k, dtype=torch.int64)
         for r, e in enumerate(entries):
             drafts[r, :len(e.draft_token_ids)] = torch.tensor(e.draft_token_ids, dtype=torch.int64)
-        # rows of the verify positions: the request's last committed token, then its drafts
+        # logits of the verify positions only (each request's last committed token, then its drafts):
+        # N = R + sum(num_drafts) rows, not R * (k + 1); ``pad`` lays them out as [R, k+1], positions
+        # past a request's drafts repeating its last one
         last = inputs.query_start_loc[inputs.sample_rows] + torch.tensor([e.num_new_tokens for e in entries]) - 1
-        rows = last[:, None] + torch.minimum(torch.arange(k + 1), num_drafts[:, None])  # [R, k+1]
-        logits = self.model.compute_logits(out.hidden[rows.flatten().to(self.device)])
-        logits = logits.view(len(entries), k + 1, -1)  # [R, k+1, vocab]
-        result = self._verify(entries, logits, drafts.to(self.device), num_drafts.to(self.device))
+        first = torch.cumsum(num_drafts + 1, 0) - num_drafts - 1  # [R] a request's first row in logits
+        pad = first[:, None] + torch.minimum(torch.arange(k + 1), num_drafts[:, None])  # [R, k+1]
+        rows = torch.repeat_interleave(last - first, num_drafts + 1) + torch.arange(len(entries) + int(num_drafts.sum()))
+        logits = self.model.compute_logits(out.hidden[rows.to(self.device)])  # [N, vocab]
+        pad = pad.to(self.device)
+        result = self._verify(entries, logits, pad, drafts.to(self.device), num_drafts.to(self.device))
         # drafting is queued before the first device-to-host copy of the verification result
         proposal = self._propose(plan, inputs, out, entries, result) if self.proposer else None
         emitted, counts = result.output_tokens.tolist(), (result.num_accepted + 1).tolist()
@@ -145,25 +149,27 @@ class ModelRunner:
         sampled = {i: emitted[r][:counts[r]] for r, i in enumerate(ids)}
         proposals = self._collect(entries, proposal) if proposal is not None else {}
         return RunnerOutput(sampled, dict(zip(ids, num_drafts.tolist())),
-                            self._logprobs(entries, logits, emitted, counts), proposals)
+                            self._logprobs(entries, logits, pad, emitted, counts), proposals)
 
-    def _verify(self, entries: list[ScheduledRequest], logits: torch.Tensor, drafts: torch.Tensor,
+    def _verify(self, entries: list[ScheduledRequest], logits: torch.Tensor, pad: torch.Tensor, drafts: torch.Tensor,
                 num_drafts: torch.Tensor) -> VerifyResult:
+        """logits [N, vocab] of the verify positions; pad [R, k+1] their rows per request."""
         params = [e.request.params for e in entries]
         if all(p.greedy for p in params):
-            return greedy_verify(logits, drafts, num_drafts)
-        num_rows, width, vocab = logits.shape
+            return greedy_verify(logits.argmax(dim=-1)[pad], drafts, num_drafts)
+        width = pad.shape[1]
         seeds = [e.request.seed for e in entries]
         positions = [[e.request.num_tokens + j for j in range(width)] for e in entries]
-        batch = SamplingBatch.from_params([p for p in params for _ in range(width)],
-                                          [s for s in seeds for _ in range(width)],
-                                          [q for row in positions for q in row], self.device)
-        target = self.sampler.processed_logprobs(logits.view(-1, vocab), batch).view(num_rows, width, vocab)
+        counts = (num_drafts + 1).tolist()  # rows per request in logits (host tensor)
+        batch = SamplingBatch.from_params([p for p, n in zip(params, counts) for _ in range(n)],
+                                          [s for s, n in zip(seeds, counts) for _ in range(n)],
+                                          [q for row, n in zip(positions, counts) for q in row[:n]], self.device)
+        target = self.sampler.processed_logprobs(logits, batch)[pad]  # [R, k+1, vocab]
         seeds_t = torch.tensor(seeds, dtype=torch.int64, device=self.device)
         positions_t = torch.tensor(positions, dtype=torch.int64, device=self.device)
         if self.verification == "shared_noise" or width == 1:
             return shared_noise_verify(target, drafts, seeds_t, positions_t, num_drafts)
-        return rejection_sample(target, drafts, self._pending_probs(entries, width - 1, vocab), seeds_t,
+        return rejection_sample(target, drafts, self._pending_probs(entries, width - 1, target.shape[-1]), seeds_t,
                                 positions_t, num_drafts)
 
     def _pending_probs(self, entries: list[ScheduledRequest], k: int, vocab: int) -> torch.Tensor | None:
@@ -245,16 +251,16 @@ class ModelRunner:
         return _Inputs(torch.tensor(input_ids, dtype=torch.int64, device=self.device),
                        positions.to(self.device), query_start_loc, seq_lens_t, block_table, slot_mapping, sample_rows)
 
-    def _logprobs(self, entries: list[ScheduledRequest], logits: torch.Tensor, emitted: list[list[int]],
-                  counts: list[int]) -> dict[str, list[dict[int, float]]]:
+    def _logprobs(self, entries: list[ScheduledRequest], logits: torch.Tensor, pad: torch.Tensor,
+                  emitted: list[list[int]], counts: list[int]) -> dict[str, list[dict[int, float]]]:
         """Raw-distribution logprobs (log_softmax of the logits) of each emitted token plus the top-n."""
         wanted = [r for r, e in enumerate(entries) if e.request.params.logprobs is not None]
         if not wanted:
             return {}
         n = max(entries[r].request.params.logprobs for r in wanted)
-        width, vocab = logits.shape[1], logits.shape[2]
+        width = pad.shape[1]
         tokens = torch.tensor([emitted[r] for r in wanted], device=self.device).clamp(min=0)  # [W, k+1]
-        lp = raw_logprobs(logits[wanted].view(-1, vocab), tokens.view(-1), n)  # rows W * (k+1)
+        lp = raw_logprobs(logits[pad[wanted].flatten()], tokens.view(-1), n)  # rows W * (k+1)
         token_lp = lp.sampled_logprobs.view(-1, width).tolist()
         top_ids = lp.top_token_ids.view(len(wanted), width, n).tolist()
         top_lp = lp.top_logprobs.view(len(wanted), width, n).tolist()

@@ -134,13 +134,12 @@ def shared_noise_verify(
     return VerifyResult(_emit(samples[:, :-1], num_accepted, last), num_accepted)
 
 
-def greedy_verify(target_logits: Tensor, draft_tokens: Tensor, num_drafts: Tensor) -> VerifyResult:
+def greedy_verify(target: Tensor, draft_tokens: Tensor, num_drafts: Tensor) -> VerifyResult:
     """Exact-match fast path for an all-greedy batch: no softmax, no noise.
 
-    target_logits [R, k+1, V]; accept drafts while they equal the target's argmax. Example:
-    argmax [5, 9, 4, 7], drafts [5, 9, 1] -> [[5, 9, 4, -1]], num_accepted [2].
+    target [R, k+1]: the target's argmax tokens; accept drafts while they equal them. Example:
+    target [5, 9, 4, 7], drafts [5, 9, 1] -> [[5, 9, 4, -1]], num_accepted [2].
     """
-    target = target_logits.argmax(dim=-1)  # [R, k+1]
     num_accepted = _count_accepted(draft_tokens == target[:, :-1], num_drafts)
     last = target.gather(1, num_accepted[:, None]).squeeze(1)
     return VerifyResult(_emit(target[:, :-1], num_accepted, last), num_accepted)
