@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 
 import torch
@@ -10,13 +12,18 @@ from torch import nn
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` whose CPU products go through oneDNN with a packed float32 weight wherever that wins.
+    """``nn.Linear`` whose CPU products take the fastest of three paths for their row count and dtype.
 
-    * float32 weights, 1..256 rows: oneDNN's pre-packed (blocked) weight layout beats the BLAS call
-      of ``F.linear`` wherever the weight dominates. Over all of SmolLM2-135M's weights on the
-      project's 2-core AVX2 CPU, 2 threads: 1 row 47 -> 29 ms, 5 rows 73 -> 37 ms, 9 rows 92 -> 45
-      ms, 33 rows 129 -> 85 ms, 128 rows 338 -> 288 ms; at 512 rows the two are level. Decode,
-      batched decode and speculative verification (k+1 rows per request) all live below 256 rows.
+    * float32, 1..24 rows: eyas's own kernel (``eyas/kernels/small_gemm.c``), which reads the weight
+      in place, once, with the next weight tile prefetched while the current one is multiplied.
+      Over all of SmolLM2-135M's weights on the project's 2-core AVX2 CPU (oneDNN packed -> this
+      kernel): 1 thread, 1 row 72 -> 55 ms, 9 rows 122 -> 74 ms, 24 rows 158 -> 146 ms; 2 threads,
+      1 row 43 -> 31 ms, 9 rows 60 -> 40 ms, 24 rows 93 -> 78 ms (at 32 rows oneDNN is level or
+      ahead). Each output is summed by one thread in a fixed order, so a row's result does not
+      depend on the thread count or on the other rows (batch invariance).
+    * float32, 25..256 rows: oneDNN's pre-packed (blocked) weight layout beats the BLAS call of
+      ``F.linear`` wherever the weight dominates (2 threads: 33 rows 129 -> 85 ms, 128 rows 338 ->
+      288 ms; at 512 rows the two are level).
     * bfloat16 / float16 weights on a CPU without native support for them (no AVX512-BF16 / AMX;
       the project's CPU): PyTorch's GEMV reads half the bytes of float32 and wins at one row (15
       ms), but products of more rows are emulated at about one GEMV per row (5 rows 69 ms, 64 rows
@@ -27,9 +34,11 @@ class Linear(nn.Linear):
 
     The packed copy is made on first use and remade whenever the weight is replaced or changed in
     place (its storage or version counter moves; a weight created under ``inference_mode`` has no
-    version counter, so only its replacement is seen). It is never used where autograd records.
+    version counter, so only its replacement is seen). Neither native path is used where autograd
+    records; where no C compiler exists, float32 products of 1..24 rows take the packed path.
     """
 
+    SMALL_MAX_ROWS = 24  # float32 inputs up to this many rows take eyas's kernel
     PACKED_MAX_ROWS = 256  # float32 inputs; emulated half-precision inputs take the packed copy at any count
 
     def __init__(self, *args, **kwargs):
@@ -37,16 +46,25 @@ class Linear(nn.Linear):
         self._packed: tuple[tuple[int, int], torch.Tensor] | None = None  # ((data_ptr, version), packed weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._takes_small(x):
+            return _small_gemm(x, self.weight, self.bias)
         if self._takes_packed(x):
             bias = None if self.bias is None else self.bias.float()
             out = torch.ops.mkldnn._linear_pointwise(x.float(), self._packed_weight(), bias, "none", [], "")
             return out.to(x.dtype)
         return F.linear(x, self.weight, self.bias)
 
+    def _takes_small(self, x: torch.Tensor) -> bool:
+        return (x.device.type == "cpu" and x.dim() == 2 and x.dtype == self.weight.dtype == torch.float32
+                and 0 < x.shape[0] <= self.SMALL_MAX_ROWS and not self._records(x) and _small_gemm_kernel() is not None)
+
+    def _records(self, x: torch.Tensor) -> bool:
+        return torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+
     def _takes_packed(self, x: torch.Tensor) -> bool:
         if not (_MKLDNN and x.device.type == "cpu" and x.dim() == 2 and x.dtype == self.weight.dtype):
             return False
-        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+        if self._records(x):
             return False
         rows = x.shape[0]
         if x.dtype == torch.float32:
@@ -62,6 +80,29 @@ class Linear(nn.Linear):
 
 
 _MKLDNN = torch.backends.mkldnn.is_available()
+
+
+@functools.cache
+def _small_gemm_kernel():
+    """The C entry point of ``eyas/kernels/small_gemm.c``, or None where it cannot be built."""
+    from eyas import kernels
+
+    lib = kernels.load("small_gemm")
+    if lib is None:
+        return None
+    fn = lib.eyas_small_gemm
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    return fn
+
+
+def _small_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] @ weight[N, K]^T (+ bias) -> [M, N], float32, through the C kernel."""
+    x, weight = x.contiguous(), weight.contiguous()
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+    _small_gemm_kernel()(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], weight.shape[0], x.shape[1],
+                         torch.get_num_threads())
+    return out if bias is None else out.add_(bias)
 
 
 def _emulated_half() -> frozenset[torch.dtype]:
