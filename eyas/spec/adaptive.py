@@ -28,7 +28,7 @@ the expected accepted drafts. A draft worth g tokens raises E / cost iff
 where a few more rows cost nothing) every offered draft is verified. Example (c = 0.05): one
 request with acceptance 0.85 verifies all 8 drafts (the 8th is worth 0.27 >= 0.17), while 8
 requests with acceptance 0.5 verify one draft each (the first is worth 0.5 >= 0.29; then a
-second, worth 0.25, falls short of 0.33). The CPU default is c = 0.1.
+second, worth 0.25, falls short of 0.33). The CPU default is c = 0.07.
 """
 
 from __future__ import annotations

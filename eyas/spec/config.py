@@ -31,11 +31,12 @@ class SpeculativeConfig:
     # worth their rows (spec/adaptive.py); False = always verify every draft
     adaptive_draft_length: bool = True
     # what one more row of a forward costs, as a fraction of a one-row forward (spec/adaptive.py):
-    # drafts are verified only while their expected tokens cover it. None = 0.1 on CPU, where a decode
-    # row costs its share of every matmul and attention over its context (SmolLM2-135M, fp32, 1 thread,
-    # n-gram steps on 7 chat requests at 100-500 tokens: 7 rows 92 ms, 14 rows 131 ms, so 5.5 ms a row;
-    # one row alone 58 ms), and 0 on CUDA, where a few more rows cost next to nothing (every draft is
-    # verified)
+    # drafts are verified only while their expected tokens cover it. None = 0.07 on CPU, where a
+    # row costs its share of every matmul and attention over its context (SmolLM2-135M, fp32, 1
+    # thread: a one-row forward 62.5 ms; 8 decoding requests 95 ms, and each draft they verify
+    # 4.3-4.4 ms more, 0.07; one request verifying 8 drafts 85 ms, 0.04 a row, since up to about 9
+    # rows the weights' bytes, not the arithmetic, set the time), and 0 on CUDA, where a few more
+    # rows cost next to nothing (every draft is verified)
     draft_row_cost: float | None = None
     prompt_lookup_min: int = 2  # n-gram
     prompt_lookup_max: int = 4
@@ -48,7 +49,7 @@ class SpeculativeConfig:
     def row_cost(self, device_type: str) -> float:
         if self.draft_row_cost is not None:
             return self.draft_row_cost
-        return 0.1 if device_type == "cpu" else 0.0
+        return 0.07 if device_type == "cpu" else 0.0
 
     @classmethod
     def from_dict(cls, config: dict | "SpeculativeConfig") -> "SpeculativeConfig":
