@@ -4,8 +4,8 @@ A kernel is built once per (source, compiler flags, CPU) into ``<cache_dir>/kern
 and reloaded from there afterwards (building takes 2-3 s on the project's CPU). It is built for this CPU
 (``-march=native``) with OpenMP; the library asks for ``libgomp.so.1`` by name, which resolves to
 the copy PyTorch has already loaded, so kernels and PyTorch share one thread pool. When no
-compiler is found or the build fails, ``load`` returns None and says why once in the log; callers
-then take a pure-PyTorch path.
+compiler is found or the build fails, ``load`` (and ``entry``) return None and say why once in
+the log; callers then take a pure-PyTorch path.
 """
 
 from __future__ import annotations
@@ -74,3 +74,15 @@ def load(name: str) -> ctypes.CDLL | None:
     logger.warning("%s could not build the native %s kernel (rerun with logging at DEBUG for the compiler's "
                    "output): PyTorch ops are used instead", cc, name)
     return None
+
+
+def entry(name: str, *argtypes) -> ctypes._CFuncPtr | None:
+    """The C function ``eyas_<name>`` of ``eyas/kernels/<name>.c``, returning int and taking
+    ``argtypes`` (ctypes types); None if the kernel cannot be built."""
+    lib = load(name)
+    if lib is None:
+        return None
+    fn = getattr(lib, f"eyas_{name}")
+    fn.restype = ctypes.c_int
+    fn.argtypes = list(argtypes)
+    return fn

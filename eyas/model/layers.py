@@ -87,13 +87,7 @@ def _small_gemm_kernel():
     """The C entry point of ``eyas/kernels/small_gemm.c``, or None where it cannot be built."""
     from eyas import kernels
 
-    lib = kernels.load("small_gemm")
-    if lib is None:
-        return None
-    fn = lib.eyas_small_gemm
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    return fn
+    return kernels.entry("small_gemm", *[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 3, ctypes.c_int)
 
 
 def _small_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

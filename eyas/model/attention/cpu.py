@@ -33,14 +33,8 @@ _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 @functools.cache
 def load_kernel():
     """The C kernel's entry point, or None where it cannot be built (then the ``sdpa`` backend serves)."""
-    lib = kernels.load("paged_attention")
-    if lib is None:
-        return None
-    fn = lib.eyas_paged_attention
-    fn.restype = ctypes.c_int
-    fn.argtypes = [_ptr, _ptr, _ptr, _ptr, ctypes.c_int, _i64, _ptr, _i64, _i64, _ptr, _ptr, _ptr, _ptr,
-                   _i64, _i64, _i64, _i64, _i64, ctypes.c_float, ctypes.c_int]
-    return fn
+    return kernels.entry("paged_attention", _ptr, _ptr, _ptr, _ptr, ctypes.c_int, _i64, _ptr, _i64, _i64, _ptr, _ptr,
+                         _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, ctypes.c_float, ctypes.c_int)
 
 
 @dataclass
