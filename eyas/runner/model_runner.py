@@ -160,7 +160,7 @@ class ModelRunner:
         width = pad.shape[1]
         seeds = [e.request.seed for e in entries]
         positions = [[e.request.num_tokens + j for j in range(width)] for e in entries]
-        counts = (num_drafts + 1).tolist()  # rows per request in logits (host tensor)
+        counts = [len(e.draft_token_ids) + 1 for e in entries]  # rows per request in logits, from the host
         batch = SamplingBatch.from_params([p for p, n in zip(params, counts) for _ in range(n)],
                                           [s for s, n in zip(seeds, counts) for _ in range(n)],
                                           [q for row, n in zip(positions, counts) for q in row[:n]], self.device)
