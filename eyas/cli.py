@@ -250,6 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     ext.add_argument("--chunk-size", type=int, default=128, help="conversations per journaled chunk")
     _engine_args(ext, speculative=False)
     ext.set_defaults(func=cmd_extract)
+    from eyas.train.command import add_train_parser
+
+    add_train_parser(sub)
     return parser
 
 

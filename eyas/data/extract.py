@@ -69,7 +69,7 @@ def model_identity(cfg: ModelConfig) -> dict:
             "fingerprint": digest.hexdigest()}
 
 
-def _conversations(data: str) -> Iterator[Conversation]:
+def conversations(data: str) -> Iterator[Conversation]:
     return iter_sharegpt(sharegpt_path() if data == "sharegpt" else Path(data))
 
 
@@ -106,10 +106,10 @@ def run_extract(data: str, out: str | Path, *, model: str | None = None, layers:
         stale.unlink()
     journal = Journal(out / "samples.jsonl")
     done = journal.read()
-    todo = (Sample(f"{i:06d}", _without_leading_replies(c))
-            for i, c in enumerate(itertools.islice(_conversations(data), max_samples)))
+    todo = (Sample(f"{i:06d}", without_leading_replies(c))
+            for i, c in enumerate(itertools.islice(conversations(data), max_samples)))
     todo = (s for s in todo if s.sample_id not in done)
-    num_conversations = sum(1 for _ in itertools.islice(_conversations(data), max_samples))  # a few s for ShareGPT
+    num_conversations = sum(1 for _ in itertools.islice(conversations(data), max_samples))  # a few s for ShareGPT
     total = num_conversations - sum(1 for sample_id in done if int(sample_id) < num_conversations)
     bar = _progress(total, len(done)) if progress else None
     num_tokens, start = 0, time.perf_counter()
@@ -155,7 +155,7 @@ def _progress(total: int, num_done: int):
     return tqdm(total=total, desc="extract", unit="sample", dynamic_ncols=True)
 
 
-def _without_leading_replies(conversation: Conversation) -> Conversation:
+def without_leading_replies(conversation: Conversation) -> Conversation:
     """Drop assistant turns before the first user or system turn: nothing conditions them."""
     messages = list(conversation.messages)
     while messages and messages[0]["role"] == "assistant":

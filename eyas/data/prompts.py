@@ -12,6 +12,7 @@ same prompts and a larger ``n`` extends a smaller one. A prompt is a single-turn
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,15 +38,19 @@ _WORD = re.compile(r"\b[a-z']+\b")
 _CONTINUATION_ID = re.compile(r"_[1-9][0-9]*$")
 
 
-def _openings(path: str | Path | None) -> Iterator[list[dict[str, str]]]:
-    """Messages of the conversations that are not continuation parts of a split chat."""
-    for conversation in iter_sharegpt(path):
+# conversations [0, HELD_OUT_START) of the shipped file are drafter training data; the rest is held out
+HELD_OUT_START = 13_000
+
+
+def _openings(path: str | Path | None, start: int = 0) -> Iterator[list[dict[str, str]]]:
+    """Messages of the conversations (from index ``start`` on) that are not continuation parts of a split chat."""
+    for conversation in itertools.islice(iter_sharegpt(path), start, None):
         if not _CONTINUATION_ID.search(conversation.id):
             yield conversation.messages
 
 
 def chat_prompts(
-    n: int, max_chars: int = 1500, min_chars: int = 32, path: str | Path | None = None
+    n: int, max_chars: int = 1500, min_chars: int = 32, path: str | Path | None = None, start: int = 0
 ) -> list[list[dict[str, str]]]:
     """The first ``n`` distinct opening user turns with ``min_chars <= len <= max_chars``.
 
@@ -53,11 +58,13 @@ def chat_prompts(
     chats) that start with a user turn after optional system turns; the text must be mostly
     English (:func:`is_mostly_english`), and ``max_chars`` keeps out giant pastes of code or
     documents. Raises ``ValueError`` when fewer than ``n`` qualify (about 7k do by default).
+    ``start``: skip the first conversations of the file (``HELD_OUT_START``: only held-out ones,
+    never seen by a drafter trained on the first 13,000).
     """
     _check_counts(n, min_chars, max_chars)
 
     def candidates() -> Iterator[str]:
-        for messages in _openings(path):
+        for messages in _openings(path, start):
             first = next((m for m in messages if m["role"] != "system"), None)
             if first is not None and first["role"] == "user":
                 yield first["content"].strip()

@@ -51,6 +51,7 @@ from typing import ClassVar
 import torch
 
 from eyas.config import EngineConfig
+from eyas.drafters import shipped_drafter
 from eyas.kv.manager import KVCacheGroupSpec
 from eyas.model.attention import AttentionBatch, UniformBatch, block_table_tensor, layout_slots
 from eyas.model.attention.sdpa import SdpaBackend
@@ -64,23 +65,29 @@ from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
 class HiddenStateSpeculator(Proposer):
     config_fields = frozenset({"model"})
     method: ClassVar[str]
+    # where the drafter comes from without speculative_config.model: "none" (required), "target" (MTP layers
+    # inside the target's own folder), "shipped" (the drafter eyas ships for the target, eyas.drafters)
+    default_drafter: ClassVar[str] = "none"
 
     @classmethod
     def validate_config(cls, config) -> None:
-        if config.model is None and cls.method != "mtp":
+        if config.model is None and cls.default_drafter == "none":
             raise ValueError(f"speculative_config.model: method '{cls.method}' needs the drafter checkpoint folder")
 
     @classmethod
     def default_num_speculative_tokens(cls, config: dict) -> int | None:
-        """A speculators-format checkpoint names its k (``proposal_methods[0].speculative_tokens``)."""
-        config_file = Path(config.get("model") or "") / "config.json"
-        if not config.get("model") or not config_file.is_file():
+        """A checkpoint may name its k: speculators' ``proposal_methods[0].speculative_tokens``, or eyas's
+        top-level ``num_speculative_tokens`` (what ``eyas train`` measured as fastest)."""
+        folder = config.get("model") or (shipped_drafter(cls.method) if cls.default_drafter == "shipped" else None)
+        config_file = Path(folder or "") / "config.json"
+        if not folder or not config_file.is_file():
             return None
-        methods = json.loads(config_file.read_text()).get("speculators_config", {}).get("proposal_methods") or [{}]
-        return methods[0].get("speculative_tokens")
+        hf = json.loads(config_file.read_text())
+        methods = hf.get("speculators_config", {}).get("proposal_methods") or [{}]
+        return methods[0].get("speculative_tokens") or hf.get("num_speculative_tokens")
 
     def __init__(self, spec, config: EngineConfig, target):
-        path = spec.model if spec.model is not None else config.model.path  # MTP layers inside the target
+        path = spec.model if spec.model is not None else self._default_path(config.model)
         self.drafter = load_drafter(path, target, dtype=config.dtype, device=config.device,
                                     max_positions=config.max_positions, method=self.method)
         self.aux_layer_ids = self.drafter.aux_layer_ids
@@ -94,6 +101,16 @@ class HiddenStateSpeculator(Proposer):
         self.layers = self.drafter.attention_layers()
         self.max_blocks = config.max_blocks_per_request
         self.graphs = engine_graphs(config, self.backend)
+
+    def _default_path(self, target) -> Path:
+        if self.default_drafter == "target":
+            return target.path  # MTP layers inside the target's checkpoint
+        path = shipped_drafter(self.method, target)
+        if path is None:
+            raise ValueError(f"speculative_config.model: eyas ships no {self.method} drafter for the target "
+                             f"{target.path.name} (only for the default model, SmolLM2-135M-Instruct); give a drafter "
+                             f"folder, or train one with `eyas train {self.method}`")
+        return path
 
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]:
         return [KVCacheGroupSpec(f"{self.method}.{i}", (f"drafter.layers.{i}",),
@@ -271,7 +288,9 @@ class EagleSpeculator(HiddenStateSpeculator):
 
 class Eagle3Speculator(HiddenStateSpeculator):
     method = "eagle3"
+    default_drafter = "shipped"
 
 
 class MtpSpeculator(HiddenStateSpeculator):
     method = "mtp"
+    default_drafter = "target"

@@ -22,10 +22,13 @@ from eyas.model.drafters.layout import LAYOUTS, checkpoint_names, is_norm_weight
 
 def save_drafter(drafter: Drafter, folder: str | os.PathLike, layout: str | None = None, *,
                  verifier: str | None = None, verifier_architectures: tuple[str, ...] = (),
-                 num_speculative_tokens: int | None = None, gemma_norms: bool = False) -> Path:
+                 num_speculative_tokens: int | None = None, gemma_norms: bool = False,
+                 dtype: torch.dtype | None = None) -> Path:
     """layout: ``"eagle3"`` (SafeAILab, the default for EAGLE-3) or ``"speculators"``; EAGLE-1 and MTP
-    have one layout each. ``verifier``/``num_speculative_tokens``: the speculators config's target and
-    default k. ``gemma_norms``: store MTP RMSNorm weights as ``w`` for a ``(1 + w)`` scale."""
+    have one layout each. ``verifier``: the speculators config's target. ``num_speculative_tokens``: the
+    default k (speculators: its proposal method; other layouts: eyas's top-level key of that name).
+    ``gemma_norms``: store MTP RMSNorm weights as ``w`` for a ``(1 + w)`` scale. ``dtype``: the
+    floating-point tensors' dtype on disk (default: as they are)."""
     layout = layout or drafter.method
     if LAYOUTS.get(layout) != drafter.method:
         raise ValueError(f"layout: '{layout}' is not a layout of {drafter.method} drafters")
@@ -43,13 +46,16 @@ def save_drafter(drafter: Drafter, folder: str | os.PathLike, layout: str | None
         config = _llama_config(cfg, num_layers=1) | {"bias": drafter.fc.bias is not None}
     else:
         config = _mtp_config(drafter, gemma_norms)
+    if num_speculative_tokens is not None and layout != "speculators":
+        config["num_speculative_tokens"] = num_speculative_tokens
     renames = prefix_renames(layout, cfg.num_layers, drafter.num_step_layers)
     tensors = {}
     for name, tensor in drafter.state_dict().items():
         if gemma_norms and is_norm_weight(name):
             tensor = tensor - 1
         for part_name, part in zip(checkpoint_names(name, renames), split_fused(drafter, name, tensor)):
-            tensors[part_name] = part.detach().contiguous().cpu().clone()
+            part = part.detach().cpu()
+            tensors[part_name] = (part.to(dtype) if dtype is not None and part.is_floating_point() else part).contiguous().clone()
     if layout == "mtp" and (folder / "config.json").is_file():
         _merge_into_target(folder, config, tensors)
     else:

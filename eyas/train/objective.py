@@ -1,0 +1,114 @@
+"""What a drafter is trained to match: the target's next-token distribution, and the unrolled loss.
+
+Index conventions over a sequence ``x_0 .. x_{T-1}`` with target states ``h_t``:
+
+* ``p_t = softmax(head(norm(h_t)))`` is the target's distribution of ``x_{t+1}``; restricted to the
+  training vocabulary (EAGLE-3's draft vocabulary) and renormalised.
+* ``p_t`` counts (is *valid*) where ``x_{t+1}`` exists and is an assistant token (the loss mask)
+  and the target's argmax over the WHOLE vocabulary lies in the training vocabulary.
+* Unroll step ``i`` at index ``t`` is fed token ``x_{t+1+i}`` and predicts ``x_{t+2+i}``: it is scored
+  against ``p_{t+1+i}`` where that is valid, with the soft cross-entropy ``-sum p log q``
+  (``"soft"``) or ``-log q(x_{t+2+i})`` (``"hard"``, where ``x_{t+2+i}`` is an assistant token in the
+  training vocabulary). Step ``i``'s loss is the mean over its scored positions, weighted
+  ``decay ** i`` by the trainer.
+
+Example, T = 5, step 1: index 0 is fed x2 and scored against p2 (the distribution of x3); index 3
+would be scored against p4, the distribution of x5, which does not exist: not scored.
+
+Only the scored positions go through the drafter's head, and the target's distribution is kept
+for the valid positions only (``[num_valid, Vd]``), so padding and prompt tokens cost nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+LOSSES = ("soft", "hard")
+
+
+@dataclass
+class Targets:
+    probs: torch.Tensor  # [num_valid, Vd] float32: p_t over the training vocabulary, valid positions only
+    row: torch.Tensor  # [B, T] int64: the row of probs holding p_t, -1 where p_t is not valid
+    argmax: torch.Tensor  # [B, T] int64: argmax of p_t as a training-vocabulary id (-1 where not valid)
+    labels: torch.Tensor  # [B, T] int64: x_{t+1} as a training-vocabulary id, -1 outside it / the mask / the end
+
+
+@torch.no_grad()
+def target_distribution(last: torch.Tensor, token_ids: torch.Tensor, loss_mask: torch.Tensor, norm: torch.nn.Module,
+                        head_weight: torch.Tensor, vocab_ids: torch.Tensor | None, chunk: int = 2048) -> Targets:
+    """last [B, T, Ht] (layer N, before the final norm), token_ids/loss_mask [B, T]; head_weight [V, Ht];
+    vocab_ids [Vd] ascending target ids of the training vocabulary (None: the whole vocabulary).
+
+    The argmax test over the whole vocabulary uses bfloat16 logits where the CPU or GPU multiplies
+    them natively (a near-tie may fall either way); the distribution itself is float32."""
+    batch, seq, _ = last.shape
+    vocab = head_weight.shape[0]
+    device = last.device
+    to_train = torch.arange(vocab, device=device)
+    if vocab_ids is not None:
+        to_train = torch.full((vocab,), -1, dtype=torch.int64, device=device).index_copy_(
+            0, vocab_ids, torch.arange(len(vocab_ids), device=device))
+    candidate = torch.zeros_like(loss_mask)
+    candidate[:, :-1] = loss_mask[:, 1:]
+    flat = candidate.reshape(-1).nonzero().squeeze(1)  # flat (b * T + t) of candidate positions
+    states = norm(last.reshape(batch * seq, -1)[flat])  # [n, Ht]
+    train_weight = head_weight if vocab_ids is None else head_weight[vocab_ids]
+    if vocab_ids is not None:
+        fast = torch.bfloat16 if native_bf16(device) else head_weight.dtype
+        top = torch.cat([F.linear(states[i:i + chunk].to(fast), head_weight.to(fast)).argmax(-1)
+                         for i in range(0, len(flat), chunk)]) if len(flat) else flat
+        keep = to_train[top] >= 0
+        flat, states = flat[keep], states[keep]
+    probs = torch.cat([F.linear(states[i:i + chunk], train_weight).float().softmax(-1)
+                       for i in range(0, len(flat), chunk)]) if len(flat) else states.new_zeros(0, len(train_weight))
+    row = torch.full((batch * seq,), -1, dtype=torch.int64, device=device)
+    row[flat] = torch.arange(len(flat), device=device)
+    argmax = torch.full((batch * seq,), -1, dtype=torch.int64, device=device)
+    argmax[flat] = probs.argmax(-1) if len(flat) else flat
+    labels = torch.full_like(token_ids, -1)
+    labels[:, :-1] = torch.where(loss_mask[:, 1:], to_train[token_ids[:, 1:]], -1)
+    return Targets(probs, row.view(batch, seq), argmax.view(batch, seq), labels)
+
+
+def native_bf16(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return True
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+@dataclass
+class StepStats:
+    """Sums over one unroll step's scored positions (sums, so data-parallel ranks can add them)."""
+
+    loss_sum: torch.Tensor  # scalar, with grad
+    count: torch.Tensor  # scalar: positions scored
+    agree: torch.Tensor  # scalar: positions where the drafter's argmax equals the target's
+
+
+def scored_positions(step: int, targets: Targets, loss: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(b, t) of the positions unroll step ``step`` is scored at."""
+    shift = 1 + step
+    later = targets.row[:, shift:] if loss == "soft" else targets.labels[:, shift:]  # [B, T - shift]
+    return (later >= 0).nonzero(as_tuple=True)
+
+
+def step_stats(step: int, normed: torch.Tensor, head, targets: Targets, loss: str = "soft") -> StepStats:
+    """normed [B, T, H]: unroll step ``step``'s normed output; ``head(step, x [n, H]) -> [n, Vd]`` logits."""
+    b, t = scored_positions(step, targets, loss)
+    later = t + 1 + step
+    if len(b) == 0:
+        zero = normed.sum() * 0
+        return StepStats(zero, zero.detach(), zero.detach())
+    logits = head(step, normed[b, t]).float()  # [n, Vd]
+    lse = torch.logsumexp(logits, dim=-1)
+    if loss == "soft":
+        p = targets.probs[targets.row[b, later]]  # [n, Vd]
+        ce = lse - torch.linalg.vecdot(p, logits)  # -sum p log q, as sum p = 1
+    else:
+        ce = lse - logits.gather(-1, targets.labels[b, later].unsqueeze(-1)).squeeze(-1)
+    agree = (logits.argmax(-1) == targets.argmax[b, later]).sum()
+    return StepStats(ce.sum(), torch.tensor(float(len(b)), device=ce.device), agree.to(ce.dtype))
