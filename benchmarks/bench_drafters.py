@@ -1,19 +1,21 @@
-"""Cost of one draft step of each hidden-state drafter relative to one target decode step.
+"""Hidden-state drafters against eyas without speculation, in one run.
 
-Random drafters (EAGLE-1, EAGLE-3 with a 16k draft vocabulary, MTP with one layer) are built for
-the target and saved in their public layouts. For each batch size B the same B ShareGPT chat
-prompts are generated greedily (``--max-tokens`` new tokens, EOS ignored):
+Default: the TRAINED drafter eyas ships for the default model (or ``--drafter METHOD=FOLDER``, as
+many as given; an MTP folder holds only its layers), on held-out ShareGPT conversations (index
+13,000 on, never trained on), greedily, ``--max-tokens`` new tokens (stopping at EOS):
 
-* plain: the target decode step = median ``time_per_output_token`` of the requests;
-* each method with k drafts: the time inside the proposer per step (draft prefill over the
-  verification layout plus k-1 draft decode steps) divided by k = one draft step.
+* acceptance: mean acceptance length and per-position acceptance at k = 1..6 (chain drafting,
+  every draft verified), measured by the engine;
+* speed at the drafter's best k: tok/s with and without speculation at each batch size and
+  thread count, the ratio, the draft step's cost (time inside the proposer per step / k) and
+  identical outputs.
 
-The ratio draft step / target decode step is the overhead a trained drafter must beat: with
-acceptance length L, speculation pays when ``L > (verify step + k * draft step) / decode step``.
-Random drafters accept almost nothing; this measures cost, not speedup.
+``--random``: the old cost-only mode, random EAGLE-1 / EAGLE-3 / MTP drafters (they accept almost
+nothing): the cost of one draft step relative to one target decode step.
 
-    python benchmarks/bench_drafters.py                         # B = 1,8, k = 3, 1 thread
-    python benchmarks/bench_drafters.py --threads 2 --batch-sizes 1,8,32
+    python benchmarks/bench_drafters.py                                  # shipped EAGLE-3
+    python benchmarks/bench_drafters.py --drafter mtp=runs/mtp1 --threads 1,2 --batch-sizes 1,16
+    python benchmarks/bench_drafters.py --random --batch-sizes 1,8
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from bench_common import batch_sizes
 
 from eyas import LLM, SamplingParams
 from eyas.config import ModelConfig
-from eyas.data.prompts import chat_prompts
+from eyas.data.prompts import HELD_OUT_START, chat_prompts
+from eyas.drafters import shipped_drafter
 from eyas.model.drafters import Eagle1Drafter, Eagle3Drafter, MtpDrafter, TargetParts, save_drafter
 from eyas.model.loader import load_model
 from eyas.model.resolve import resolve_model
@@ -74,20 +77,114 @@ def make_drafters(target_path: Path, root: Path) -> dict[str, dict]:
             "mtp": {"method": "mtp", "target": str(mtp_folder)}}
 
 
+def _cpu_flags() -> str:
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return "unknown"
+    return " ".join(sorted(flags & {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8"}))
+
+
+def _timed(llm, timings: list[float]) -> None:
+    """Record the time inside the proposer of every step that drafted."""
+    proposer = llm.engine.runner.proposer
+    original = proposer.propose
+
+    def timed(inp):
+        start = time.perf_counter()
+        out = original(inp)
+        if inp.sample_rows:
+            timings.append(time.perf_counter() - start)
+        return out
+
+    proposer.propose = timed
+
+
+def _generate(llm, prompts, params, batch: int) -> tuple[float, list]:
+    """tok/s of the prompts at this batch size (batch 1: one request at a time), and the outputs."""
+    outs, seconds = [], 0.0
+    for i in range(0, len(prompts), batch):
+        start = time.perf_counter()
+        outs += llm.generate(prompts[i:i + batch], params, use_tqdm=False)
+        seconds += time.perf_counter() - start
+    return sum(len(o.outputs[0].token_ids) for o in outs) / seconds, outs
+
+
+def trained(args) -> int:
+    drafters = dict(d.split("=", 1) for d in args.drafter) if args.drafter else {"eagle3": str(shipped_drafter("eagle3"))}
+    common = dict(dtype="float32", max_model_len=2048, kv_cache_gb=0.5, enable_prefix_caching=False, max_num_seqs=64)
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    plain = LLM(args.model, **common)
+    tok = plain.get_tokenizer()
+    prompts = [tok.encode(tok.apply_chat_template(c, add_generation_prompt=True), add_special_tokens=False)
+               for c in chat_prompts(args.num_prompts, start=HELD_OUT_START)]
+    print(f"{len(prompts)} held-out prompts (conversations {HELD_OUT_START}+), {args.max_tokens} new tokens, greedy")
+    torch.set_num_threads(max(args.threads))
+    for method, folder in drafters.items():
+        print(f"\n== {method}: {folder}\nacceptance (batch {args.accept_batch}, {max(args.threads)} threads):")
+        print(f"{'k':>2s} {'acc len':>8s}  per-position acceptance")
+        for k in range(1, 7):
+            llm = LLM(args.model, **common, speculative_config={"method": method, "model": folder,
+                                                                "num_speculative_tokens": k,
+                                                                "adaptive_draft_length": False})
+            _generate(llm, prompts, params, args.accept_batch)
+            stats = llm.stats()
+            print(f"{k:2d} {stats['mean_acceptance_length']:8.3f}  "
+                  + " ".join(f"{a:.3f}" for a in stats["per_position_acceptance"][:k]))
+            del llm
+        k = args.k or (json.loads((Path(folder) / "config.json").read_text()).get("num_speculative_tokens") or 4)
+        print(f"speed at k = {k} ({'given' if args.k else 'the folder default'}):")
+        print(f"{'threads':>7s} {'B':>3s} {'plain tok/s':>11s} {'spec tok/s':>10s} {'speedup':>8s} {'acc len':>8s} "
+              f"{'draft step':>10s} {'/ decode':>8s} {'identical':>9s}")
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            spec = LLM(args.model, **common, speculative_config={"method": method, "model": folder,
+                                                                 "num_speculative_tokens": k})
+            timings: list[float] = []
+            _timed(spec, timings)
+            for b in args.batch_sizes:
+                base_tps, base = _generate(plain, prompts, params, b)
+                timings.clear()
+                before = spec.stats()
+                tps, outs = _generate(spec, prompts, params, b)
+                after = spec.stats()
+                steps = after["num_steps"] - before["num_steps"]
+                accepted = after["num_accepted"] - before["num_accepted"]
+                decode = statistics.median(o.metrics.time_per_output_token for o in base)
+                draft = statistics.median(timings) / k if timings else float("nan")
+                same = sum(a.outputs[0].token_ids == c.outputs[0].token_ids for a, c in zip(base, outs))
+                print(f"{threads:7d} {b:3d} {base_tps:11.1f} {tps:10.1f} {tps / base_tps:7.2f}x "
+                      f"{(accepted + steps) / max(steps, 1):8.2f} {draft * 1e3:7.2f} ms {draft / decode:7.2f}x "
+                      f"{same:4d}/{len(outs)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--batch-sizes", type=batch_sizes, default="1,8")
-    p.add_argument("--k", type=int, default=3)
-    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--random", action="store_true", help="cost-only mode with random drafters")
+    p.add_argument("--drafter", action="append", default=[], help="METHOD=FOLDER (default: the shipped eagle3)")
+    p.add_argument("--threads", type=batch_sizes, default="1,2", help="thread counts (--random: the first)")
+    p.add_argument("--batch-sizes", type=batch_sizes, default="1,16")
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--accept-batch", type=int, default=16, help="batch size of the acceptance runs")
+    p.add_argument("--k", type=int, default=None, help="draft length for the speed runs (default: the folder's)")
+    p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--export", default=None,
-                   help="also keep the drafters and write prompts.json here (for peer_vllm.py --spec-model)")
+                   help="--random: also keep the drafters and write prompts.json here (for peer_vllm.py --spec-model)")
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    print("command:", shlex.join(["python", *sys.argv]))
+    print("CPU:", _cpu_flags())
+    if not args.random:
+        return trained(args)
+    return random_drafters(args)
+
+
+def random_drafters(args) -> int:
+    torch.set_num_threads(args.threads[0])
+    args.k = args.k or 3
     sizes = args.batch_sizes
     target_path = resolve_model(args.model)
-    print("command:", shlex.join(["python", *sys.argv]))
     common = dict(dtype="float32", max_model_len=1024, kv_cache_gb=0.5, enable_prefix_caching=False)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -107,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             outs = plain.generate(prompts[:b], params, use_tqdm=False)
             plain_tps[b] = b * args.max_tokens / (time.perf_counter() - start)
             decode[b] = statistics.median(o.metrics.time_per_output_token for o in outs)
-        print(f"target decode step (SmolLM2-135M fp32, {args.threads} thread(s)): "
+        print(f"target decode step (SmolLM2-135M fp32, {args.threads[0]} thread(s)): "
               + ", ".join(f"B={b}: {decode[b] * 1e3:.1f} ms ({plain_tps[b]:.1f} tok/s)" for b in sizes))
         print(f"{'method':8s} {'B':>3s} {'draft step':>11s} {'/ decode':>9s} {'propose/step':>13s} "
               f"{'tok/s':>7s} {'vs plain':>9s} {'accepted':>9s}")
@@ -115,18 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             target = spec.pop("target", str(target_path))
             llm = LLM(target, **common, speculative_config={**spec, "num_speculative_tokens": args.k,
                                                             "adaptive_draft_length": False})
-            proposer = llm.engine.runner.proposer
             timings: list[float] = []
-            original = proposer.propose
-
-            def timed(inp, original=original, timings=timings):
-                start = time.perf_counter()
-                out = original(inp)
-                if inp.sample_rows:
-                    timings.append(time.perf_counter() - start)
-                return out
-
-            proposer.propose = timed
+            _timed(llm, timings)
             llm.generate(prompts[-2:], SamplingParams(max_tokens=4), use_tqdm=False)
             for b in sizes:
                 timings.clear()
