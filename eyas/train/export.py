@@ -87,8 +87,11 @@ def model_card(trainer, argv: list[str], evaluation: dict | None) -> Path:
                   f"| {r['tok_s']:.1f} | {r['speedup']:.2f}x |" for r in evaluation["rows"]]
         lines += ["", f"Fastest k: {evaluation.get('best_k')} (the default k of this folder).", ""]
     lines += ["## Use", "", "```python", "from eyas import LLM",
-              f"llm = LLM({config.model!r}, speculative_config={{\"method\": \"{config.method}\", \"model\": \"{out}\"}})",
-              "```", ""]
+              f"llm = LLM({config.model!r}, speculative_config={{\"method\": \"{config.method}\", "
+              "\"model\": \"path/to/this/folder\"})", "```", "",
+              "vLLM: `--speculative-config '{\"method\": \"eagle3\", \"model\": \"path/to/this/folder\", "
+              "\"num_speculative_tokens\": K}'` (the SafeAILab / SpecForge layout)." if config.method == "eagle3" else "",
+              ""]
     path = out / "README.md"
     path.write_text("\n".join(lines))
     return path
