@@ -146,8 +146,10 @@ def test_speculators_folder_as_the_model_names_target_and_k(drafters):
 
 
 @pytest.mark.parametrize(("spec", "message"), [
-    ({"method": "eagle3", "num_speculative_tokens": 2}, "speculative_config.model: method 'eagle3' needs the drafter"),
-    ({"method": "eagle3"}, "num_speculative_tokens: missing"),
+    ({"method": "eagle", "num_speculative_tokens": 2}, "speculative_config.model: method 'eagle' needs the drafter"),
+    ({"method": "eagle"}, "num_speculative_tokens: missing"),
+    # eyas ships an EAGLE-3 drafter for its default model only
+    ({"method": "eagle3", "num_speculative_tokens": 2}, "eyas ships no eagle3 drafter for the target"),
     ({"method": "eagle3", "num_speculative_tokens": 2, "model": "MTP"}, "does not match"),
 ])
 def test_speculator_misconfigurations(drafters, spec, message):
