@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import logging
 import time
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ from pathlib import Path
 from eyas.config import ModelConfig
 from eyas.data.chat import build_loss_mask
 from eyas.data.hidden_states_writer import TMP_SUFFIX
-from eyas.data.manifest import Journal, build_manifest, mask_to_runs, write_json_atomic
+from eyas.data.manifest import Journal, build_manifest, changed_settings, mask_to_runs, write_json_atomic
 from eyas.data.sharegpt import Conversation, iter_sharegpt, sharegpt_path
 from eyas.model.resolve import resolve_model
 from eyas.sampling.params import SamplingParams
@@ -137,14 +136,12 @@ def run_extract(data: str, out: str | Path, *, model: str | None = None, layers:
 
 def _pin_job(path: Path, header: dict) -> None:
     pinned = {k: v for k, v in header.items() if k != "files"}
-    if path.is_file():
-        before = json.loads(path.read_text())
-        changed = sorted(k for k in set(before) | set(pinned) if before.get(k) != pinned.get(k))
-        if changed:
-            raise ValueError(f"out: {path.parent} holds a job with other settings ({', '.join(changed)} differ); "
-                             "resume with the same settings or use a new folder")
-        return
-    write_json_atomic(path, pinned)
+    changed = changed_settings(path, pinned)
+    if changed:
+        raise ValueError(f"out: {path.parent} holds a job with other settings ({', '.join(changed)} differ); "
+                         "resume with the same settings or use a new folder")
+    if changed is None:
+        write_json_atomic(path, pinned)
 
 
 def _progress(total: int, num_done: int):

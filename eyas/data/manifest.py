@@ -48,6 +48,14 @@ def write_json_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def changed_settings(path: Path, settings: dict) -> list[str] | None:
+    """Keys whose value differs from the settings pinned in ``path`` (a JSON file); None if nothing is pinned."""
+    if not path.is_file():
+        return None
+    before = json.loads(path.read_text())
+    return sorted(k for k in set(before) | set(settings) if before.get(k) != settings.get(k))
+
+
 class Journal:
     def __init__(self, path: Path):
         self.path = path

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from eyas.config import EngineConfig, ModelConfig
+from eyas.data.manifest import changed_settings, write_json_atomic
 from eyas.model.loader import load_model
 from eyas.model.resolve import resolve_model
 from eyas.train.data import DumpData, plan_batches
@@ -202,20 +203,15 @@ class Trainer:
     def _pin(self) -> None:
         """Refuse to mix runs: an existing run folder must hold the same settings."""
         pin = self.out / "train.json"
-        pinned = self.config.pinned()
-        if pin.is_file():
-            before = json.loads(pin.read_text())
-            changed = sorted(k for k in set(before) | set(pinned) if before.get(k) != pinned.get(k))
-            if changed:
-                raise ValueError(f"out: {self.out} holds a run with other settings ({', '.join(changed)} differ); "
-                                 "use the same command to resume it, or a new folder")
-        elif self.config.resume:
+        changed = changed_settings(pin, self.config.pinned())
+        if changed:
+            raise ValueError(f"out: {self.out} holds a run with other settings ({', '.join(changed)} differ); "
+                             "use the same command to resume it, or a new folder")
+        if changed is None and self.config.resume:
             raise ValueError(f"resume: {self.out} holds no run to resume (no train.json)")
         if self.rank == 0:
             self.out.mkdir(parents=True, exist_ok=True)
-            tmp = pin.with_name(".train.json.tmp")
-            tmp.write_text(json.dumps(pinned, indent=1))
-            os.replace(tmp, pin)
+            write_json_atomic(pin, self.config.pinned())
 
     def save_checkpoint(self) -> None:
         if self.rank != 0:
