@@ -128,13 +128,21 @@ def test_ddp_with_two_gloo_processes_equals_one_process(peaked, tmp_path):
     subprocess.run([sys.executable, "-m", "eyas.train", *args, "--out", str(tmp_path / "one")], check=True, env=env,
                    capture_output=True)
     torchrun = shutil.which("torchrun") or pytest.skip("torchrun not on PATH")
-    subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29517", "-m", "eyas.train", *args, "--out",
-                    str(tmp_path / "two")], check=True, env=env, capture_output=True)
+    two = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", "-m", "eyas.train", *args, "--out",
+                          str(tmp_path / "two")], env=env, capture_output=True, text=True)
+    assert two.returncode == 0, two.stderr[-3000:]
     one = torch.load(tmp_path / "one" / "checkpoint.pt", weights_only=False)
     two = torch.load(tmp_path / "two" / "checkpoint.pt", weights_only=False)
     assert one["step"] == two["step"] >= 4  # the same plan: every batch has a sample for each rank
-    for name, tensor in one["drafter"].items():
-        assert torch.allclose(tensor, two["drafter"][name], rtol=1e-4, atol=1e-5), name
+    last_one, last_two = (json.loads((tmp_path / run / "metrics.jsonl").read_text().splitlines()[-1])
+                          for run in ("one", "two"))
+    assert last_one["step_loss"] == pytest.approx(last_two["step_loss"], rel=1e-4)  # the same loss, step by step
+    # AdamW normalises each update: a weight whose gradient is ~0 may move by up to lr either way on float
+    # noise (the ranks sum gradients in another order), so weights agree within 2 * lr * steps
+    bound = 2 * 1e-4 * one["step"]
+    diffs = {name: float((tensor.double() - two["drafter"][name].double()).abs().max())
+             for name, tensor in one["drafter"].items()}
+    assert max(diffs.values()) <= bound, diffs
 
 
 def test_export_layouts_reload_with_identical_drafts(peaked, tmp_path):
