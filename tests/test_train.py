@@ -253,3 +253,28 @@ def test_online_batches_equal_the_engine_dumps(tmp_path, tiny_models):
     torch.testing.assert_close(a.aux[within], b.aux[within], rtol=1e-4, atol=1e-4)  # padding is never scored
     torch.testing.assert_close(a.last[within], b.last[within], rtol=1e-4, atol=1e-4)
     assert dict(dumps.frequencies) == dict(online.frequencies)
+
+
+def test_several_dump_folders_are_one_dataset(tmp_path, tiny_models):
+    """--data A B: the samples of both folders in order, their token frequencies summed; folders holding
+    other layers are refused by name."""
+    from eyas.config import ModelConfig
+    from eyas.data.extract import run_extract
+    from eyas.train.data import DumpData
+
+    model = tiny_models["llama"]
+    for name, words, layers in (("a", "alpha beta", LAYERS), ("b", "gamma", LAYERS), ("c", "delta", [1, 3])):
+        chats = tmp_path / f"{name}.jsonl"
+        chats.write_text("".join(json.dumps({"id": str(i), "messages": [
+            {"role": "user", "content": f"{words} {i}"}, {"role": "assistant", "content": f"{words} " * (i + 2)}]})
+            + "\n" for i in range(3)))
+        run_extract(str(chats), tmp_path / name, model=str(model), layers=layers, progress=False)
+    cfg = ModelConfig.from_folder(model)
+    a, b = DumpData(tmp_path / "a", cfg, None), DumpData(tmp_path / "b", cfg, None)
+    both = DumpData([tmp_path / "a", tmp_path / "b"], cfg, None)
+    assert both.samples == a.samples + b.samples
+    assert both.frequencies == a.frequencies + b.frequencies
+    assert torch.equal(both.batch([3], 64, torch.float32).last, b.batch([0], 64, torch.float32).last)
+    with pytest.raises(ValueError, match=r"'.*c' hold layers \[1, 3\].*same layers"):
+        DumpData([tmp_path / "a", tmp_path / "c"], cfg, None)
+    assert TrainConfig(method="eagle3", data=str(tmp_path / "a"), out="x").data == (str(tmp_path / "a"),)

@@ -23,9 +23,10 @@ def add_train_parser(sub) -> None:
                                    "distribution with training-time test. Re-running the same command resumes "
                                    "from the last checkpoint in --out.")
     p.add_argument("method", choices=["eagle3", "mtp"], help="drafter to train")
-    p.add_argument("--data", required=True,
-                   help="dump folder (`eyas extract` output, or plain vLLM/speculators dumps); with --online: "
-                        "conversations ('sharegpt', a ShareGPT .json or a .jsonl)")
+    p.add_argument("--data", required=True, nargs="+",
+                   help="dump folder(s) (`eyas extract` output, or plain vLLM/speculators dumps), trained on "
+                        "together (e.g. regenerated and original replies); with --online: one conversation "
+                        "source ('sharegpt', a ShareGPT .json or a .jsonl)")
     p.add_argument("--out", required=True, help="run folder; at the end it is the drafter folder (config.json, "
                                                 "model.safetensors, README.md model card, training.png, metrics.jsonl)")
     p.add_argument("--model", default=None, help="the target: HF folder or .gguf (default: built-in SmolLM2-135M-Instruct)")

@@ -1,4 +1,4 @@
-"""Training data: hidden-state dump folders (``eyas extract`` or plain vLLM / speculators), checked at the
+"""Training data: one or more hidden-state dump folders (``eyas extract`` or plain vLLM / speculators), checked at the
 edge, and a seeded batch plan that a resumed run replays exactly.
 
 A dump folder holds one safetensors file per sample, ``hidden_states [T, n, H]`` (slots in the
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,39 +52,58 @@ def _refuse(message: str) -> None:
 
 
 class DumpData:
-    """The samples of a dump folder, validated against the target before anything is trained or written."""
+    """The samples of one or more dump folders (all with the same layers), validated against the target
+    before anything is trained or written."""
 
-    def __init__(self, folder: str | Path, target: ModelConfig, aux_layer_ids: tuple[int, ...] | None, *,
-                 loss_masks: str | Path | None = None, layers: tuple[int, ...] | None = None):
+    def __init__(self, folders: str | Path | Sequence[str | Path], target: ModelConfig,
+                 aux_layer_ids: tuple[int, ...] | None, *, loss_masks: str | Path | None = None,
+                 layers: tuple[int, ...] | None = None):
         """aux_layer_ids: the aux streams the drafter reads (EAGLE-3), () for none (MTP), None = every
         slot but layer N. ``layers``/``loss_masks``: for a plain folder (no manifest)."""
-        self.folder = Path(folder)
+        folders = [Path(folders)] if isinstance(folders, (str, Path)) else [Path(f) for f in folders]
+        if loss_masks is not None and len(folders) > 1:
+            _refuse("--loss-masks names files of one plain folder; give that folder alone")
         n = target.num_layers
-        if not self.folder.is_dir():
-            _refuse(f"'{self.folder}' is not a folder of hidden-state dumps")
-        manifest_file = self.folder / "manifest.json"
-        if manifest_file.is_file():
-            self.samples, self.layer_ids, self.frequencies = self._read_manifest(manifest_file, target)
-        else:
-            self.samples, self.layer_ids, self.frequencies = self._read_plain(target, loss_masks, layers)
-        if not self.samples:
-            _refuse(f"no samples in '{self.folder}' (an empty dataset)")
-        if n not in self.layer_ids:
-            _refuse(f"the dumps in '{self.folder}' hold layers {list(self.layer_ids)} but not {n} (the final layer, "
-                    f"before the final norm), which the target distribution is computed from; re-extract with "
-                    f"`eyas extract --layers {','.join(map(str, [*self.layer_ids, n]))} ...`")
+        self.samples: list[DumpSample] = []
+        self.frequencies: Counter[int] = Counter()
+        self.layer_ids: tuple[int, ...] = ()
+        for folder in folders:
+            samples, layer_ids, frequencies = self._read_folder(folder, target, loss_masks, layers)
+            if self.samples and layer_ids != self.layer_ids:
+                _refuse(f"the dumps in '{folder}' hold layers {list(layer_ids)}, those in '{folders[0]}' "
+                        f"{list(self.layer_ids)}; folders trained together must hold the same layers")
+            self.samples += samples
+            self.frequencies.update(frequencies)
+            self.layer_ids = layer_ids
         self.final_slot = self.layer_ids.index(n)
         if aux_layer_ids is None:
             aux_layer_ids = tuple(sorted(i for i in self.layer_ids if i != n))
         missing = [i for i in aux_layer_ids if i not in self.layer_ids]
         if missing:
-            _refuse(f"the drafter reads layers {list(aux_layer_ids)} but the dumps in '{self.folder}' hold only "
+            _refuse(f"the drafter reads layers {list(aux_layer_ids)} but the dumps in '{folders[0]}' hold only "
                     f"{list(self.layer_ids)}")
         self.aux_layer_ids = tuple(sorted(aux_layer_ids))
         self.aux_slots = [self.layer_ids.index(i) for i in self.aux_layer_ids]
         self._check_files(target)
 
-    def _read_manifest(self, file: Path, target: ModelConfig):
+    def _read_folder(self, folder: Path, target: ModelConfig, loss_masks, layers):
+        n = target.num_layers
+        if not folder.is_dir():
+            _refuse(f"'{folder}' is not a folder of hidden-state dumps")
+        manifest_file = folder / "manifest.json"
+        if manifest_file.is_file():
+            samples, layer_ids, frequencies = self._read_manifest(folder, manifest_file, target)
+        else:
+            samples, layer_ids, frequencies = self._read_plain(folder, target, loss_masks, layers)
+        if not samples:
+            _refuse(f"no samples in '{folder}' (an empty dataset)")
+        if n not in layer_ids:
+            _refuse(f"the dumps in '{folder}' hold layers {list(layer_ids)} but not {n} (the final layer, "
+                    f"before the final norm), which the target distribution is computed from; re-extract with "
+                    f"`eyas extract --layers {','.join(map(str, [*layer_ids, n]))} ...`")
+        return samples, layer_ids, frequencies
+
+    def _read_manifest(self, folder: Path, file: Path, target: ModelConfig):
         try:
             manifest = json.loads(file.read_text())
             layer_ids = tuple(manifest["aux_layer_ids"])
@@ -98,14 +118,14 @@ class DumpData:
             if key in model and model[key] != ours:
                 _refuse(f"{file} was extracted from a model with {key} {model[key]}; the target "
                         f"({target.path}) has {ours}")
-        samples = [DumpSample(self.folder / e["file"], e["num_tokens"], tuple(runs_to_mask(e["loss_mask_runs"])))
+        samples = [DumpSample(folder / e["file"], e["num_tokens"], tuple(runs_to_mask(e["loss_mask_runs"])))
                    for e in entries]
         frequencies = Counter({int(t): c for t, c in manifest.get("token_frequencies", {}).items()})
         return samples, layer_ids, frequencies
 
-    def _read_plain(self, target: ModelConfig, loss_masks, layers):
+    def _read_plain(self, folder: Path, target: ModelConfig, loss_masks, layers):
         n = target.num_layers
-        files = sorted(self.folder.glob("*.safetensors"))
+        files = sorted(folder.glob("*.safetensors"))
         masks: dict[str, list[int]] = {}
         if loss_masks is not None:
             for line_no, line in enumerate(Path(loss_masks).read_text().splitlines(), 1):
@@ -130,7 +150,7 @@ class DumpData:
         if layers is None and num_slots is not None:
             layers = (2, n // 2, n - 3, n) if num_slots == 4 else (n,) if num_slots == 1 else None
             if layers is None:
-                _refuse(f"the dumps in '{self.folder}' hold {num_slots} layers per token; name their ids with "
+                _refuse(f"the dumps in '{folder}' hold {num_slots} layers per token; name their ids with "
                         f"--layers (vLLM convention, the final layer {n} last)")
         return samples, tuple(layers or ()), frequencies
 

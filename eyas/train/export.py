@@ -69,7 +69,7 @@ def model_card(trainer, argv: list[str], evaluation: dict | None) -> Path:
     lines = [f"# {config.method} drafter for {trainer.target_config.path.name}", "",
              "Trained with `eyas train` (training-time test, distillation to the target's distribution).", "",
              "## How it was made", "", "```", shlex.join(["eyas", "train", *argv]), "```", "",
-             f"- data: `{config.data}` ({'online' if config.online else 'hidden-state dumps'}), "
+             f"- data: `{' '.join(config.data)}` ({'online' if config.online else 'hidden-state dumps'}), "
              f"{len(trainer.lengths)} samples, {sum(trainer.lengths)} tokens (max_len {config.max_len})",
              f"- steps: {trainer.step} ({trainer.tokens_seen} tokens seen), batch of {config.batch_tokens} tokens, "
              f"{config.unroll_steps} unroll steps, lr {config.lr} ({config.schedule}), seed {config.seed}",

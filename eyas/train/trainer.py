@@ -43,7 +43,7 @@ class TrainConfig:
     """Every knob of ``eyas train`` (``--help`` explains each); validated at construction."""
 
     method: str
-    data: str
+    data: tuple[str, ...]  # dump folders, or with --online one conversation source (a str is one)
     out: str
     model: str | None = None
     online: bool = False
@@ -77,6 +77,11 @@ class TrainConfig:
             if not ok:
                 raise ValueError(message)
 
+        if isinstance(self.data, (str, os.PathLike)):
+            object.__setattr__(self, "data", (str(self.data),))
+        object.__setattr__(self, "data", tuple(str(d) for d in self.data))
+        need(len(self.data) >= 1, "data: give at least one dump folder")
+        need(not (self.online and len(self.data) > 1), "online: --data names one conversation source")
         need(self.method in RECIPES, f"method: '{self.method}' is not one of {', '.join(RECIPES)}")
         need(self.draft_vocab_size >= 1, f"draft_vocab_size: {self.draft_vocab_size} must be >= 1")
         need(1 <= self.num_layers <= 8, f"num_layers: {self.num_layers} must be in [1, 8]")
@@ -195,7 +200,7 @@ class Trainer:
             from eyas.train.online import OnlineData
 
             ids = aux if aux is not None else (2, cfg.num_layers // 2, cfg.num_layers - 3)
-            return OnlineData(config.data, Tokenizer.from_folder(cfg.path), self.target, ids,
+            return OnlineData(config.data[0], Tokenizer.from_folder(cfg.path), self.target, ids,
                               max_len=config.max_len, max_samples=config.max_samples)
         return DumpData(config.data, cfg, aux, loss_masks=config.loss_masks, layers=config.layers)
 
