@@ -48,18 +48,13 @@ def _engine_args(parser: argparse.ArgumentParser, speculative: bool = True) -> N
                    help="extract_hidden_states: dump generated tokens' states too")
 
 
-# What llama.cpp's CLI samples with: a small model decoding greedily loops ("a falcon, a falcon, ...").
-CHAT_SAMPLING = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05}
-GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
-
-
-def _sampling_args(parser: argparse.ArgumentParser, max_tokens: int, defaults: dict) -> None:
+def _sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
     g = parser.add_argument_group("sampling")
     g.add_argument("--max-tokens", type=int, default=max_tokens)
-    g.add_argument("--temperature", type=float, default=defaults["temperature"], help="0 = greedy")
-    g.add_argument("--top-p", type=float, default=defaults["top_p"], help="1 = off")
-    g.add_argument("--top-k", type=int, default=defaults["top_k"], help="0 = off")
-    g.add_argument("--min-p", type=float, default=defaults["min_p"], help="0 = off")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--min-p", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=None)
 
 
@@ -227,17 +222,17 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="do not wrap the prompt in the chat template")
     gen.add_argument("--quiet", action="store_true", help="no timing line")
     _engine_args(gen)
-    _sampling_args(gen, max_tokens=256, defaults=CHAT_SAMPLING)
+    _sampling_args(gen, max_tokens=256)
     gen.set_defaults(func=cmd_generate)
     chat = sub.add_parser("chat", help="interactive chat in the terminal")
     chat.add_argument("--system", default=None, help="system message")
     _engine_args(chat)
-    _sampling_args(chat, max_tokens=512, defaults=CHAT_SAMPLING)
+    _sampling_args(chat, max_tokens=512)
     chat.set_defaults(func=cmd_chat)
     bench = sub.add_parser("bench", help="throughput on real ShareGPT chat prompts")
     bench.add_argument("--num-prompts", type=int, default=32)
     _engine_args(bench)
-    _sampling_args(bench, max_tokens=128, defaults=GREEDY)
+    _sampling_args(bench, max_tokens=128)
     bench.set_defaults(func=cmd_bench)
     ext = sub.add_parser("extract", help="dump the target's hidden states of chat data for drafter training "
                                          "(resumable: re-run the same command after a crash)")
