@@ -56,6 +56,10 @@ def _sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--min-p", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="> 1 discourages tokens of the prompt and the output so far (1 = off)")
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="subtracted once per token already output")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, help="subtracted per occurrence in the output")
 
 
 def _spec_config(args) -> dict | None:
@@ -98,7 +102,8 @@ def _params(args, **over):
     from eyas import SamplingParams
 
     kw = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-              min_p=args.min_p, seed=args.seed)
+              min_p=args.min_p, seed=args.seed, repetition_penalty=args.repetition_penalty,
+              presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
     kw.update(over)
     return SamplingParams(**kw)
 

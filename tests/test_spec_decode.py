@@ -285,3 +285,21 @@ class WrongProposer(Proposer):
         drafts = ((last[:, None] + 1 + torch.arange(self.k)) % 7 + 300).to(torch.int64)  # ids the model never picks
         return ProposerOutput(drafts, torch.full((rows,), self.k, dtype=torch.int64))
 
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_penalties_stay_lossless_under_speculation(spec_models, method):
+    """Each verify row counts the drafts before it: greedy and shared-noise seeded outputs equal plain ones."""
+    target = str(spec_models["target"])
+    prompts = _prompts()
+    penalties = dict(repetition_penalty=1.1, frequency_penalty=0.1, presence_penalty=0.1, logit_bias={5: 1.5})
+    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, **penalties)
+    seeded = SamplingParams(temperature=0.8, top_p=0.95, seed=11, max_tokens=40, ignore_eos=True, **penalties)
+    plain = LLM(target, dtype="float32", max_model_len=256, kv_cache_gb=0.02)
+    want_greedy, want_seeded = (_tokens(plain.generate(prompts, p, use_tqdm=False)) for p in (greedy, seeded))
+    assert want_greedy != _tokens(plain.generate(prompts, GREEDY, use_tqdm=False))
+    llm = LLM(target, dtype="float32", max_model_len=256, kv_cache_gb=0.02,
+              speculative_config=_spec_config(method, spec_models))
+    assert _tokens(llm.generate(prompts, greedy, use_tqdm=False)) == want_greedy
+    assert _tokens(llm.generate(prompts, seeded, use_tqdm=False)) == want_seeded
+    assert llm.stats()["num_accepted"] > 0

@@ -91,6 +91,19 @@ def test_greedy_speculation_equals_plain_batch_1_and_8_with_preemption(drafters,
     assert [o.outputs[0].token_ids for o in outs] == want and preemptions > 0
 
 
+@pytest.mark.parametrize("case", ["eagle", "eagle3", "mtp_2"])
+def test_penalties_stay_lossless_under_hidden_state_drafters(drafters, case):
+    penalties = dict(repetition_penalty=1.4, frequency_penalty=0.5, presence_penalty=0.3, logit_bias={7: 2.0})
+    prompts = _prompts(8)
+    plain = LLM(str(drafters.target), dtype="float32", max_model_len=256, kv_cache_gb=0.05)
+    llm = _llm(drafters, case, spec_over={"verification": "shared_noise"})
+    for params in (SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, **penalties),
+                   SamplingParams(temperature=0.9, seed=5, max_tokens=24, ignore_eos=True, **penalties)):
+        want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
+    assert llm.stats()["num_drafted"] > 0
+
+
 def test_speculators_folder_gives_the_default_k(drafters):
     llm = LLM(str(drafters.target), dtype="float32", max_model_len=256, kv_cache_gb=0.05,
               speculative_config={"method": "eagle3", "model": drafters.folders["eagle3_speculators"]})

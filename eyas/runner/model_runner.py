@@ -27,6 +27,7 @@ from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.model.llama import ModelOutput
 from eyas.model.loader import load_model
 from eyas.runner.cuda_graphs import UniformLayout, engine_graphs
+from eyas.sampling.penalties import penalize
 from eyas.sampling.rejection import VerifyResult, greedy_verify, rejection_sample, shared_noise_verify
 from eyas.sampling.sampler import Sampler, SamplingBatch, raw_logprobs
 from eyas.spec.proposer import ProposerInput, ProposerOutput, proposer_class
@@ -153,8 +154,10 @@ class ModelRunner:
 
     def _verify(self, entries: list[ScheduledRequest], logits: torch.Tensor, pad: torch.Tensor, drafts: torch.Tensor,
                 num_drafts: torch.Tensor) -> VerifyResult:
-        """logits [N, vocab] of the verify positions; pad [R, k+1] their rows per request."""
+        """logits [N, vocab] (raw) of the verify positions; pad [R, k+1] their rows per request."""
         params = [e.request.params for e in entries]
+        logits = penalize(logits, [(e.request.params, e.request.prompt_token_ids, e.request.output_token_ids,
+                                    e.draft_token_ids) for e in entries])
         if all(p.greedy for p in params):
             return greedy_verify(logits.argmax(dim=-1)[pad], drafts, num_drafts)
         width = pad.shape[1]

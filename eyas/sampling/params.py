@@ -22,6 +22,10 @@ class SamplingParams:
     logprobs: int | None = None  # top-n logprobs per token, plus the sampled one (0: it only)
     skip_special_tokens: bool = True
     speculate: bool = True  # False: this request opts out of speculative decoding
+    presence_penalty: float = 0.0  # subtracted from the logits of tokens already in the output
+    frequency_penalty: float = 0.0  # times each token's count in the output, subtracted
+    repetition_penalty: float = 1.0  # divides positive / multiplies negative logits of prompt and output tokens
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit (JSON's string keys are read as ints)
 
     def __post_init__(self) -> None:
         def bad(field: str, value: object, allowed: str) -> ValueError:
@@ -41,6 +45,18 @@ class SamplingParams:
             raise bad("min_tokens", self.min_tokens, f"in [0, max_tokens={self.max_tokens}]")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise bad("logprobs", self.logprobs, f"None or in [0, {MAX_LOGPROBS}]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise bad(name, getattr(self, name), "in [-2, 2] (0 = off)")
+        if not self.repetition_penalty > 0:
+            raise bad("repetition_penalty", self.repetition_penalty, "> 0 (1 = off)")
+        if self.logit_bias is not None:
+            try:
+                self.logit_bias = {int(t): float(b) for t, b in dict(self.logit_bias).items()}
+            except (TypeError, ValueError):
+                raise bad("logit_bias", self.logit_bias, "a dict of token id -> bias") from None
+            if any(t < 0 or not -100 <= b <= 100 for t, b in self.logit_bias.items()):
+                raise bad("logit_bias", self.logit_bias, "token ids >= 0 with biases in [-100, 100]")
         if self.stop is None:
             self.stop = []
         elif isinstance(self.stop, str):
@@ -51,6 +67,11 @@ class SamplingParams:
             raise bad("stop", self.stop, "a non-empty string or a list of non-empty strings")
         if self.stop_token_ids is not None and any(t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", self.stop_token_ids, "a list of token ids >= 0")
+
+    @property
+    def has_penalties(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)
 
     @property
     def greedy(self) -> bool:
