@@ -3,9 +3,10 @@
 Greedy acceptance is deterministic, so acceptance length on fixed prompts is a real check, not a
 timing. The prompts are held-out ShareGPT openings (conversation 13,000 on), never trained on.
 
-The floor below is a regression check of the drafter shipped now (measured: 1.26 at its default
-k = 1), below the 2.0 that issue 15 asks of a shipped drafter; a drafter that read the wrong aux
-layers or vocabulary would accept about nothing (1.0).
+The floor below is a regression check of the drafter shipped now (measured: 1.36 at its default
+k = 1; the one before it, trained on a fifth of the data, 1.26), below the 2.0 that issue 15 asks of
+a shipped drafter; a drafter that read the wrong aux layers or vocabulary would accept about
+nothing (1.0).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from eyas.data.prompts import HELD_OUT_START, chat_prompts
 from eyas.drafters import shipped_drafter
 
 pytestmark = pytest.mark.slow
-ACCEPTANCE_FLOOR = 1.1
+ACCEPTANCE_FLOOR = 1.3
 
 
 def test_the_shipped_folder_is_small_bf16_and_documented():
