@@ -90,7 +90,8 @@ def model_card(trainer, argv: list[str], evaluation: dict | None) -> Path:
               f"llm = LLM({config.model!r}, speculative_config={{\"method\": \"{config.method}\", "
               "\"model\": \"path/to/this/folder\"})", "```", "",
               "vLLM: `--speculative-config '{\"method\": \"eagle3\", \"model\": \"path/to/this/folder\", "
-              "\"num_speculative_tokens\": K}'` (the SafeAILab / SpecForge layout)." if config.method == "eagle3" else "",
+              "\"num_speculative_tokens\": K}'` (the SafeAILab / SpecForge layout)." if trainer.recipe.vllm_loads
+              else "",
               ""]
     path = out / "README.md"
     path.write_text("\n".join(lines))

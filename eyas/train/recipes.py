@@ -20,6 +20,7 @@ from eyas.model.drafters.base import Drafter
 from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.train.attention import LayerKeys, TrainingAttention
 from eyas.train.data import Batch
+from eyas.train.vocab import select_draft_vocabulary
 
 
 def _init_(module: nn.Module, std: float = 0.02) -> None:
@@ -37,11 +38,18 @@ def _init_(module: nn.Module, std: float = 0.02) -> None:
 class Recipe(ABC):
     method: ClassVar[str]
     uses_aux: ClassVar[bool]  # step 0 reads the aux streams (else the target's normed last state)
+    vllm_loads: ClassVar[bool]  # vLLM serves the exported folder as it is (its model card says how)
 
     def __init__(self, target: nn.Module, max_positions: int):
         self.target = target
         self.max_positions = max_positions
         self.drafter: Drafter
+
+    @classmethod
+    @abstractmethod
+    def for_run(cls, target: nn.Module, max_positions: int, config, data) -> "Recipe":
+        """The recipe an ``eyas train`` run asks for: ``config`` its TrainConfig, ``data`` its validated
+        training data (aux layer ids, token frequencies)."""
 
     @property
     @abstractmethod
@@ -67,6 +75,7 @@ class Eagle3Recipe(Recipe):
 
     method = "eagle3"
     uses_aux = True
+    vllm_loads = True  # the SafeAILab / SpecForge layout
 
     def __init__(self, target: nn.Module, max_positions: int, *, aux_layer_ids: tuple[int, ...],
                  vocab_ids: torch.Tensor):
@@ -82,6 +91,12 @@ class Eagle3Recipe(Recipe):
             self.drafter.lm_head.weight.copy_(target.lm_head.weight[vocab_ids])
             self.drafter.norm.weight.copy_(target.norm.weight)
         self.drafter.set_draft_vocabulary(vocab_ids)
+
+    @classmethod
+    def for_run(cls, target: nn.Module, max_positions: int, config, data) -> "Eagle3Recipe":
+        vocab = select_draft_vocabulary(data.frequencies, config.draft_vocab_size, target.config.vocab_size)
+        return cls(target, max_positions, aux_layer_ids=data.aux_layer_ids,
+                   vocab_ids=vocab.to(target.embed_tokens.weight.device))
 
     @property
     def vocab_ids(self) -> torch.Tensor:
@@ -100,6 +115,7 @@ class MtpRecipe(Recipe):
 
     method = "mtp"
     uses_aux = False
+    vllm_loads = False  # vLLM reads MTP layers only for architectures that define them
 
     def __init__(self, target: nn.Module, max_positions: int, *, num_layers: int):
         super().__init__(target, max_positions)
@@ -112,6 +128,10 @@ class MtpRecipe(Recipe):
             layer.load_state_dict(last, strict=False)
             with torch.no_grad():
                 layer.shared_head.norm.weight.copy_(target.norm.weight)
+
+    @classmethod
+    def for_run(cls, target: nn.Module, max_positions: int, config, data) -> "MtpRecipe":
+        return cls(target, max_positions, num_layers=config.num_layers)
 
     @property
     def vocab_ids(self) -> None:

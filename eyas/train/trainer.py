@@ -31,7 +31,6 @@ from eyas.model.resolve import resolve_model
 from eyas.train.data import DumpData, plan_batches
 from eyas.train.objective import LOSSES, StepStats, native_bf16, step_stats, target_distribution
 from eyas.train.recipes import RECIPES, Recipe, unroll
-from eyas.train.vocab import select_draft_vocabulary
 
 logger = logging.getLogger("eyas")
 SCHEDULES = ("cosine", "linear", "constant")
@@ -163,16 +162,10 @@ class Trainer:
         self.max_positions = config.max_len + config.unroll_steps + 1
         self.target = load_model(cfg, torch.float32, self.device, max(self.max_positions, 16))
         self.target.requires_grad_(False)
-        aux = config.aux_layer_ids if config.method == "eagle3" else ()
-        self.data = self._open_data(aux)  # validated before anything is written
-        if config.method == "eagle3":
-            vocab = select_draft_vocabulary(self.data.frequencies, config.draft_vocab_size, cfg.vocab_size)
-            torch.manual_seed(config.seed)
-            self.recipe = RECIPES["eagle3"](self.target, self.max_positions, aux_layer_ids=self.data.aux_layer_ids,
-                                            vocab_ids=vocab.to(self.device))
-        else:
-            torch.manual_seed(config.seed)
-            self.recipe = RECIPES["mtp"](self.target, self.max_positions, num_layers=config.num_layers)
+        recipe = RECIPES[config.method]
+        self.data = self._open_data(config.aux_layer_ids if recipe.uses_aux else ())  # validated first
+        torch.manual_seed(config.seed)
+        self.recipe = recipe.for_run(self.target, self.max_positions, config, self.data)
         self.recipe.drafter.to(self.device).train()
         self.head_weight = self.target.lm_head.weight
         self.loss_module = DrafterLoss(self.recipe, config)
