@@ -21,19 +21,19 @@ def test_penalize_follows_the_documented_example():
     """The module docstring's example, computed by hand: prompt [5], output [7, 7], drafts [9]."""
     logits = torch.tensor([[1.0, 2.0, 3.0, 4.0, -2.0, 6.0, 7.0, 8.0, -1.0, 10.0]]).repeat(2, 1)  # rows 0 and 1
     params = SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=1.0)
-    out = penalize(logits, [(params, [5], [7, 7], [9])])
+    out = penalize(logits, [(params, [5, 7, 7], 1, [9])])
     want = logits.clone()
     want[:, 5] = 6.0 / 2
     want[:, 7] = 8.0 / 2 - 0.5 * 2 - 1
     want[1, 9] = 10.0 / 2 - 0.5 - 1
     torch.testing.assert_close(out, want)
     assert torch.equal(logits[0], torch.tensor([1.0, 2.0, 3.0, 4.0, -2.0, 6.0, 7.0, 8.0, -1.0, 10.0]))  # input kept
-    negative = penalize(-logits[:1], [(SamplingParams(repetition_penalty=2.0), [5], [], [])])
+    negative = penalize(-logits[:1], [(SamplingParams(repetition_penalty=2.0), [5], 1, [])])
     assert negative[0, 5] == -12.0 and negative[0, 6] == -7.0  # negative logits are multiplied
-    biased = penalize(logits[:1], [(SamplingParams(logit_bias={"3": -100}), [], [], [])])  # JSON keys
+    biased = penalize(logits[:1], [(SamplingParams(logit_bias={"3": -100}), [], 0, [])])  # JSON keys
     assert biased[0, 3] == 4.0 - 100
     plain = SamplingParams()
-    assert penalize(logits, [(plain, [5], [7], [9])]) is logits  # nothing to do: no copy
+    assert penalize(logits, [(plain, [5, 7], 1, [9])]) is logits  # nothing to do: no copy
 
 
 def test_greedy_repetition_penalty_equals_hf(tiny_models):

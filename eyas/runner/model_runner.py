@@ -156,7 +156,7 @@ class ModelRunner:
                 num_drafts: torch.Tensor) -> VerifyResult:
         """logits [N, vocab] (raw) of the verify positions; pad [R, k+1] their rows per request."""
         params = [e.request.params for e in entries]
-        logits = penalize(logits, [(e.request.params, e.request.prompt_token_ids, e.request.output_token_ids,
+        logits = penalize(logits, [(e.request.params, e.request.token_ids, e.request.num_prompt_tokens,
                                     e.draft_token_ids) for e in entries])
         if all(p.greedy for p in params):
             return greedy_verify(logits.argmax(dim=-1)[pad], drafts, num_drafts)

@@ -26,19 +26,21 @@ from torch import Tensor
 from eyas.sampling.params import SamplingParams
 
 
-def penalize(logits: Tensor, rows: list[tuple[SamplingParams, list[int], list[int], list[int]]]) -> Tensor:
-    """logits [N, V] of consecutive verify rows; ``rows``: per request, in row order, (params, prompt
-    token ids, output token ids, drafts). Request r owns ``len(drafts) + 1`` rows. Returns new logits
-    (the input is kept: logprobs report the raw distribution); requests without penalties pass through."""
+def penalize(logits: Tensor, rows: list[tuple[SamplingParams, list[int], int, list[int]]]) -> Tensor:
+    """logits [N, V] of consecutive verify rows; ``rows``: per request, in row order, (params, token ids
+    (prompt then output), number of prompt tokens, drafts). Request r owns ``len(drafts) + 1`` rows.
+    Returns new logits (the input is kept: logprobs report the raw distribution); requests without
+    penalties pass through, and a batch without any costs nothing."""
     if not any(p.has_penalties for p, *_ in rows):
         return logits
     out = logits.to(torch.float32, copy=True)
     vocab, device = out.shape[-1], out.device
     start = 0
-    for params, prompt, output, drafts in rows:
+    for params, token_ids, num_prompt, drafts in rows:
         n = len(drafts) + 1
         if params.has_penalties:
-            out[start:start + n] = _penalize_request(out[start:start + n], params, prompt, output, drafts, vocab, device)
+            out[start:start + n] = _penalize_request(out[start:start + n], params, token_ids[:num_prompt],
+                                                     token_ids[num_prompt:], drafts, vocab, device)
         start += n
     return out
 
