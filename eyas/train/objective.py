@@ -57,14 +57,21 @@ def target_distribution(last: torch.Tensor, token_ids: torch.Tensor, loss_mask: 
     flat = candidate.reshape(-1).nonzero().squeeze(1)  # flat (b * T + t) of candidate positions
     states = norm(last.reshape(batch * seq, -1)[flat])  # [n, Ht]
     train_weight = head_weight if vocab_ids is None else head_weight[vocab_ids]
-    if vocab_ids is not None:
-        fast = torch.bfloat16 if native_bf16(device) else head_weight.dtype
-        top = torch.cat([F.linear(states[i:i + chunk].to(fast), head_weight.to(fast)).argmax(-1)
-                         for i in range(0, len(flat), chunk)]) if len(flat) else flat
-        keep = to_train[top] >= 0
-        flat, states = flat[keep], states[keep]
-    probs = torch.cat([F.linear(states[i:i + chunk], train_weight).float().softmax(-1)
-                       for i in range(0, len(flat), chunk)]) if len(flat) else states.new_zeros(0, len(train_weight))
+    rest_weight = None  # [V - Vd, Ht]: the rows outside the training vocabulary, for the argmax test
+    outside = torch.ones(vocab, dtype=torch.bool, device=device)
+    if vocab_ids is not None and outside.index_fill_(0, vocab_ids, False).any():
+        rest_weight = head_weight[outside].to(torch.bfloat16 if native_bf16(device) else head_weight.dtype)
+    kept, probs = [], []
+    for i in range(0, len(flat), chunk):
+        logits = F.linear(states[i:i + chunk], train_weight).float()  # [c, Vd]
+        if rest_weight is not None:  # the whole-vocabulary argmax lies inside: no row outside beats the best inside
+            keep = logits.amax(-1) >= F.linear(states[i:i + chunk].to(rest_weight.dtype), rest_weight).amax(-1).float()
+            logits = logits[keep]
+            kept.append(keep)
+        probs.append(logits.softmax(-1))
+    if kept:
+        flat = flat[torch.cat(kept)]
+    probs = torch.cat(probs) if probs else states.new_zeros(0, len(train_weight))
     row = torch.full((batch * seq,), -1, dtype=torch.int64, device=device)
     row[flat] = torch.arange(len(flat), device=device)
     argmax = torch.full((batch * seq,), -1, dtype=torch.int64, device=device)
