@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 
 from eyas.config import EngineConfig
 from eyas.engine.output_processor import OutputProcessor
 from eyas.engine.outputs import RequestOutput
+from eyas.engine.parallel_sampling import ParentRequest, child_seeds
 from eyas.engine.request import Request, RequestStatus
 from eyas.engine.scheduler import Scheduler
 from eyas.kv.manager import KVCacheManager
@@ -43,6 +45,9 @@ class Engine:
         self.outputs = OutputProcessor(tokenizer)
         self.num_kv_blocks = num_blocks
         self._seed_rng = random.Random(config.seed)
+        self.parents: dict[str, ParentRequest] = {}  # SamplingParams.n > 1: parent id -> its children
+        self._parent_of: dict[str, ParentRequest] = {}  # child id -> parent
+        self.num_preemptions = 0  # since start
         logger.info("KV cache: %d blocks x %d tokens = %d token slots (%.3f GiB), %s, attention backend %s",
                     num_blocks - 1, block_size, (num_blocks - 1) * block_size,
                     num_blocks * bytes_per_block / 2**30, config.dtype, self.runner.backend.name)
@@ -51,7 +56,7 @@ class Engine:
                     prompt: str | None = None) -> None:
         """Validate at the edge: a bad request raises ValueError and changes nothing."""
         vocab, max_len = self.config.model.vocab_size, self.config.scheduler.max_model_len
-        if request_id in self.scheduler.requests:
+        if request_id in self.scheduler.requests or request_id in self.parents:
             raise ValueError(f"request_id: '{request_id}' is already running")
         if not prompt_token_ids:
             raise ValueError("prompt: is empty; give at least one token")
@@ -64,18 +69,58 @@ class Engine:
         if len(prompt_token_ids) >= max_len:
             raise ValueError(f"prompt: {len(prompt_token_ids)} tokens does not fit max_model_len={max_len} "
                              f"(at most {max_len - 1} prompt tokens, leaving room for one output token)")
-        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
-        request = Request(request_id, list(prompt_token_ids), len(prompt_token_ids), params, seed,
-                          frozenset(self.config.model.eos_token_ids), max_len)
+        if params.n == 1:
+            seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
+            self._submit(self._request(request_id, prompt_token_ids, params, seed), prompt)
+            return
+        single = dataclasses.replace(params, n=1)
+        seeds = child_seeds(params.seed, params.n, lambda: self._seed_rng.getrandbits(63))
+        children = [self._request(ParentRequest.child_id(request_id, i), prompt_token_ids, single, seed)
+                    for i, seed in enumerate(seeds)]
+        parent = ParentRequest(request_id, children, prompt)
+        self.parents[request_id] = parent
+        self._parent_of.update((c.request_id, parent) for c in children)
+        self._submit(children[0], prompt)
+        if not self.config.cache.enable_prefix_caching:  # nothing to share: no reason to wait
+            for child in parent.release():
+                self._submit(child, prompt)
+
+    def _request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int) -> Request:
+        return Request(request_id, list(prompt_token_ids), len(prompt_token_ids), params, seed,
+                       frozenset(self.config.model.eos_token_ids), self.config.scheduler.max_model_len)
+
+    def _submit(self, request: Request, prompt: str | None) -> None:
         self.scheduler.add(request)
         self.outputs.add(request, prompt)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Abort a request (every child of an n > 1 request); its KV blocks are freed at once."""
+        parent = self.parents.get(request_id)
+        if parent is None:
+            return self._abort_one(request_id)
+        for child in parent.release():  # held children never ran: they finish aborted, empty
+            self.outputs.add(child, parent.prompt)
+            child.status, child.finish_time = RequestStatus.FINISHED_ABORTED, child.arrival_time
+            parent.merge(self.outputs.output(child))
+        output = None
+        for child in parent.children:
+            child_output = self._abort_one(child.request_id)
+            if child_output is not None:
+                output = parent.merge(child_output)
+        self._forget_parent(parent)
+        return output or parent.output()
+
+    def _abort_one(self, request_id: str) -> RequestOutput | None:
         request = self.scheduler.finish(request_id, RequestStatus.FINISHED_ABORTED)
         if request is None:
             return None
         self.runner.forget(request_id)
         return self.outputs.output(request)
+
+    def _forget_parent(self, parent: ParentRequest) -> None:
+        del self.parents[parent.request_id]
+        for child in parent.children:
+            self._parent_of.pop(child.request_id, None)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -86,9 +131,10 @@ class Engine:
             return []
         result = self.runner.execute(plan)
         changed = self.scheduler.commit(plan, result)
+        self.num_preemptions += len(plan.preempted)
         for request_id in plan.preempted:
             self.runner.forget(request_id)
-        outputs = []
+        outputs: dict[str, RequestOutput] = {}  # by request id: one (the latest) per n > 1 parent
         for request in changed:
             if self.outputs.update(request, result.logprobs.get(request.request_id)):
                 self.scheduler.finish(request.request_id, RequestStatus.FINISHED_STOPPED)
@@ -96,8 +142,15 @@ class Engine:
             if request.status.finished:
                 self.runner.forget(request.request_id)
                 output.hidden_states_path = self._save_finished(request)
-            outputs.append(output)
-        return outputs
+            parent = self._parent_of.get(request.request_id)
+            if parent is not None:
+                for child in parent.release():  # child 0 has a token: the prompt's blocks are cached
+                    self._submit(child, parent.prompt)
+                output = parent.merge(output)
+                if output.finished:
+                    self._forget_parent(parent)
+            outputs[output.request_id] = output
+        return list(outputs.values())
 
     def _save_finished(self, request: Request) -> str | None:
         """Hand a finished request's blocks to the runner before the next forward can reuse them."""

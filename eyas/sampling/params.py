@@ -9,6 +9,7 @@ MAX_LOGPROBS = 20
 
 @dataclass
 class SamplingParams:
+    n: int = 1  # samples of the prompt, returned as outputs[0..n-1] (they share the prompt's cached blocks)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1 = disabled
@@ -31,6 +32,10 @@ class SamplingParams:
         def bad(field: str, value: object, allowed: str) -> ValueError:
             return ValueError(f"SamplingParams.{field}={value!r} is invalid: must be {allowed}")
 
+        if not (isinstance(self.n, int) and self.n >= 1):
+            raise bad("n", self.n, "an integer >= 1")
+        if self.seed is not None and not (isinstance(self.seed, int) and -2**63 <= self.seed <= 2**63 - self.n):
+            raise bad("seed", self.seed, "an integer in [-2**63, 2**63 - n] (child i of n samples uses seed + i)")
         if not self.temperature >= 0:
             raise bad("temperature", self.temperature, ">= 0 (0 = greedy)")
         if not 0 < self.top_p <= 1:
