@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 
@@ -51,13 +52,15 @@ def _engine_args(parser: argparse.ArgumentParser, speculative: bool = True) -> N
 def _sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
     g = parser.add_argument_group("sampling")
     g.add_argument("--max-tokens", type=int, default=max_tokens)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--min-p", type=float, default=0.0)
+    # None: the model's default (generation_config.json; the built-in model: temperature 0.2, top_p 0.9,
+    # repetition penalty 1.1, as its card recommends and as measured), else vLLM's
+    g.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: the model's)")
+    g.add_argument("--top-p", type=float, default=None, help="(default: the model's)")
+    g.add_argument("--top-k", type=int, default=None, help="(default: the model's, else off)")
+    g.add_argument("--min-p", type=float, default=None, help="(default: the model's, else off)")
     g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--repetition-penalty", type=float, default=1.0,
-                   help="> 1 discourages tokens of the prompt and the output so far (1 = off)")
+    g.add_argument("--repetition-penalty", type=float, default=None,
+                   help="> 1 discourages tokens of the prompt and the output so far (1 = off; default: the model's)")
     g.add_argument("--presence-penalty", type=float, default=0.0, help="subtracted once per token already output")
     g.add_argument("--frequency-penalty", type=float, default=0.0, help="subtracted per occurrence in the output")
 
@@ -98,14 +101,14 @@ def _spec_line(metrics: dict) -> str:
             f"per position [{per_position}]")
 
 
-def _params(args, **over):
+def _params(llm, args):
     from eyas import SamplingParams
 
-    kw = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-              min_p=args.min_p, seed=args.seed, repetition_penalty=args.repetition_penalty,
-              presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
-    kw.update(over)
-    return SamplingParams(**kw)
+    given = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+                 repetition_penalty=args.repetition_penalty)
+    kw = {**llm.sampling_defaults, **{k: v for k, v in given.items() if v is not None}}
+    return SamplingParams(max_tokens=args.max_tokens, seed=args.seed, presence_penalty=args.presence_penalty,
+                          frequency_penalty=args.frequency_penalty, **kw)
 
 
 def _render(llm, messages: list[dict] | str, raw: bool = False) -> list[int]:
@@ -120,7 +123,7 @@ def _render(llm, messages: list[dict] | str, raw: bool = False) -> list[int]:
 
 def cmd_generate(args) -> int:
     llm = _make_llm(args)
-    params = _params(args)
+    params = _params(llm, args)
     prompts = list(args.prompt)
     if args.prompts_file:
         with open(args.prompts_file) as f:
@@ -158,7 +161,7 @@ def cmd_generate(args) -> int:
 
 def cmd_chat(args) -> int:
     llm = _make_llm(args)
-    params = _params(args)
+    params = _params(llm, args)
     history = [{"role": "system", "content": args.system}] if args.system else []
     print("eyas chat: type a message, empty line or Ctrl-D to quit, /reset to start over.")
     while True:
@@ -187,8 +190,8 @@ def cmd_bench(args) -> int:
 
     llm = _make_llm(args)
     prompts = [_render(llm, c) for c in chat_prompts(args.num_prompts)]
-    params = _params(args, ignore_eos=True)
-    llm.generate(prompts[: min(2, len(prompts))], _params(args, max_tokens=4), use_tqdm=False)  # warm-up
+    params = dataclasses.replace(_params(llm, args), ignore_eos=True)
+    llm.generate(prompts[: min(2, len(prompts))], dataclasses.replace(params, max_tokens=4), use_tqdm=False)  # warm-up
     start = time.perf_counter()
     outs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
@@ -201,6 +204,24 @@ def cmd_bench(args) -> int:
     print(f"median time to first token: {ttft[len(ttft) // 2] * 1e3:.0f} ms")
     if _spec_line(llm.stats()):
         print(_spec_line(llm.stats()))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    import os
+
+    from eyas.server import ServerSettings, serve
+
+    if args.max_waiting is not None and args.max_waiting < 1:
+        raise ValueError(f"--max-waiting: {args.max_waiting} must be >= 1")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port: {args.port} must be in [0, 65535]")
+    llm = _make_llm(args)
+    name = args.served_model_name or (args.model if args.model else "SmolLM2-135M-Instruct")
+    settings = ServerSettings(name, api_key=args.api_key or os.environ.get("EYAS_API_KEY") or None,
+                              max_waiting=args.max_waiting, per_request_spec_metrics=args.per_request_spec_metrics,
+                              sampling_defaults=llm.sampling_defaults)
+    serve(llm, settings, args.host, args.port)
     return 0
 
 
@@ -239,6 +260,19 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(bench)
     _sampling_args(bench, max_tokens=128)
     bench.set_defaults(func=cmd_bench)
+    srv = sub.add_parser("serve", help="OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, "
+                                       "/metrics, a playground page at /)")
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0: every interface)")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--api-key", default=None,
+                     help="require 'Authorization: Bearer KEY' on /v1 routes (default: $EYAS_API_KEY, else none)")
+    srv.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
+    srv.add_argument("--max-waiting", type=int, default=None,
+                     help="answer 503 with Retry-After once this many requests wait (default: no limit)")
+    srv.add_argument("--per-request-spec-metrics", action="store_true",
+                     help="each response carries its own drafted/accepted/per-position figures (spec_decode_metrics)")
+    _engine_args(srv)
+    srv.set_defaults(func=cmd_serve)
     ext = sub.add_parser("extract", help="dump the target's hidden states of chat data for drafter training "
                                          "(resumable: re-run the same command after a crash)")
     ext.add_argument("--data", required=True,

@@ -12,7 +12,7 @@ import torch
 from eyas.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, max_model_len_for
 from eyas.engine.engine import Engine
 from eyas.engine.outputs import RequestOutput
-from eyas.model.resolve import resolve_model
+from eyas.model.resolve import resolve_model, sampling_defaults
 from eyas.model.tokenizer import Tokenizer
 from eyas.sampling.params import SamplingParams
 from eyas.spec.config import SpeculativeConfig
@@ -78,6 +78,8 @@ class LLM:
             speculative=SpeculativeConfig.from_dict(speculative_config) if speculative_config else None,
         )
         self.tokenizer = Tokenizer.from_folder(path)
+        # the model's sampling defaults (generation_config.json, or the built-in model's card)
+        self.sampling_defaults = sampling_defaults(model if redirect is None else redirect[0], path)
         self.engine = Engine(config, self.tokenizer, attention_backend)
         self._ids = itertools.count()
 
@@ -88,6 +90,10 @@ class LLM:
     def get_tokenizer(self) -> Tokenizer:
         return self.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What ``generate`` uses when given no params: the model's sampling defaults (vLLM's name)."""
+        return SamplingParams(**self.sampling_defaults)
+
     def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Run prompts (text or token-id lists) to completion; outputs come back in prompt order."""
@@ -96,9 +102,8 @@ class LLM:
         encoded = [(self.tokenizer.encode(p), p) if isinstance(p, str) else (list(p), None) for p in prompts]
         return self._run(self._add_all(encoded, self._params_list(sampling_params, len(encoded))), use_tqdm)
 
-    @staticmethod
-    def _params_list(params, n: int) -> list[SamplingParams]:
-        params = params if params is not None else SamplingParams()
+    def _params_list(self, params, n: int) -> list[SamplingParams]:
+        params = params if params is not None else self.get_default_sampling_params()
         if isinstance(params, SamplingParams):
             return [params] * n
         if len(params) != n:
@@ -119,7 +124,7 @@ class LLM:
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         """Yield the request's output after every step that changed it (cumulative text and tokens)."""
         encoded = (self.tokenizer.encode(prompt), prompt) if isinstance(prompt, str) else (list(prompt), None)
-        (request_id,) = self._add_all([encoded], [sampling_params or SamplingParams()])
+        (request_id,) = self._add_all([encoded], [sampling_params or self.get_default_sampling_params()])
         try:
             while True:
                 for out in self.engine.step():

@@ -1,5 +1,7 @@
 """The eyas command: --help everywhere, generate streams text, bench prints throughput, errors are clean."""
 
+import json
+
 import pytest
 
 from eyas.cli import main
@@ -46,3 +48,26 @@ def test_bad_flag_value_is_a_clean_error(tiny_models, capsys):
                  "--kv-cache-gb", "0.01", "--max-model-len", "128"])
     assert code == 2
     assert "temperature" in capsys.readouterr().err
+
+
+def test_sampling_defaults_come_from_generation_config_then_the_api(tiny_models, tmp_path):
+    import shutil
+
+    from eyas import LLM
+    from eyas.cli import _params, build_parser
+    from eyas.model.resolve import BUILT_IN_SAMPLING, sampling_defaults
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_models["llama"], folder)
+    assert LLM(str(folder), max_model_len=64, kv_cache_gb=0.01).get_default_sampling_params().temperature == 1.0
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 258, "temperature": 0.3, "top_k": 20,
+                                                               "do_sample": True}))
+    llm = LLM(str(folder), max_model_len=64, kv_cache_gb=0.01)
+    assert llm.sampling_defaults == {"temperature": 0.3, "top_k": 20}
+    params = _params(llm, build_parser().parse_args(["generate", "hi"]))
+    assert (params.temperature, params.top_k, params.top_p) == (0.3, 20, 1.0)
+    params = _params(llm, build_parser().parse_args(["generate", "hi", "--temperature", "0", "--top-p", "0.5"]))
+    assert (params.temperature, params.top_k, params.top_p) == (0.0, 20, 0.5)
+    assert sampling_defaults(None, folder) == {**BUILT_IN_SAMPLING, "temperature": 0.3, "top_k": 20}
+    assert sampling_defaults("smollm2", tmp_path) == BUILT_IN_SAMPLING == {"temperature": 0.2, "top_p": 0.9,
+                                                                           "repetition_penalty": 1.1}

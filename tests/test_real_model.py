@@ -71,3 +71,17 @@ def test_chat_and_text(real):
     out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
                    SamplingParams(temperature=0, max_tokens=24))[0]
     assert "Paris" in out.outputs[0].text
+
+
+def test_the_readme_first_command_answers_without_looping(capsys):
+    """`eyas generate "Write a haiku about falcons."` with the built-in model's default sampling: a short
+    answer that ends on its own, no 4-word sequence three times (greedy decoding loops on this prompt)."""
+    from collections import Counter
+
+    from eyas.cli import main
+
+    assert main(["generate", "Write a haiku about falcons.", "--max-model-len", "1024", "--kv-cache-gb", "0.25"]) == 0
+    captured = capsys.readouterr()
+    words = captured.out.split()
+    assert 5 <= len(words) < 150 and "finish=stop" in captured.err
+    assert Counter(tuple(words[i:i + 4]) for i in range(len(words) - 3)).most_common(1)[0][1] < 3
