@@ -190,8 +190,9 @@ class Scheduler:
             self.spec_stats.record(len(entry.draft_token_ids), num_accepted)
             if request.first_token_time is None:
                 request.first_token_time = now
-            for token in emitted:
+            for j, token in enumerate(emitted):
                 request.token_ids.append(token)
+                request.drafted.append(j < num_accepted)
                 if self._stop_reason(request, token) is not None:
                     request.status = self._stop_reason(request, token)
                     break

@@ -61,4 +61,6 @@ class SpecStats:
             "mean_acceptance_length": self.mean_acceptance_length,
             "per_position_acceptance": [a / d if d else 0.0 for a, d in
                                         zip(self.accepted_per_position, self.drafted_per_position)],
+            "drafted_per_position": list(self.drafted_per_position),
+            "accepted_per_position": list(self.accepted_per_position),
         }

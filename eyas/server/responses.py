@@ -1,0 +1,109 @@
+"""OpenAI response bodies built from eyas outputs: completions and chat completions, whole and as
+stream chunks, with logprobs, usage and (optionally) per-request speculation figures."""
+
+from __future__ import annotations
+
+import time
+
+from eyas.engine.outputs import CompletionOutput, RequestOutput
+from eyas.model.tokenizer import Tokenizer
+
+
+def usage(outputs: list[RequestOutput]) -> dict:
+    prompt = sum(len(o.prompt_token_ids) for o in outputs)
+    completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def spec_figures(spec: dict) -> dict:
+    """A request's speculation in vLLM's metric words (``--per-request-spec-metrics``)."""
+    return {"num_drafts": spec.get("num_steps", 0), "num_draft_tokens": spec.get("num_drafted", 0),
+            "num_accepted_tokens": spec.get("num_accepted", 0),
+            "mean_acceptance_length": spec.get("mean_acceptance_length", 1.0),
+            "num_accepted_tokens_per_pos": spec.get("accepted_per_position", []),
+            "acceptance_rate_per_pos": spec.get("per_position_acceptance", [])}
+
+
+class Formatter:
+    """Bodies for one response: its id, creation time and model name are fixed once."""
+
+    def __init__(self, tokenizer: Tokenizer, model: str, response_id: str, chat: bool, spec_metrics: bool):
+        self.tokenizer, self.model, self.id, self.chat = tokenizer, model, response_id, chat
+        self.created = int(time.time())
+        self.spec_metrics = spec_metrics
+
+    def _envelope(self, chunk: bool) -> dict:
+        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def _token(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    # -- logprobs --------------------------------------------------------------------------------------
+    def logprobs(self, completion: CompletionOutput, start: int, end: int, text_offset: int, top: int) -> dict | None:
+        """Tokens ``start:end`` of the completion; ``top``: alternatives per token asked for."""
+        if completion.logprobs is None:
+            return None
+        ids, entries = completion.token_ids[start:end], completion.logprobs[start:end]
+        if self.chat:
+            content = []
+            for token_id, entry in zip(ids, entries):
+                best = sorted(entry.items(), key=lambda kv: -kv[1])[:top]
+                text = self._token(token_id)
+                content.append({"token": text, "logprob": entry[token_id], "bytes": list(text.encode()),
+                                "top_logprobs": [{"token": self._token(t), "logprob": lp,
+                                                  "bytes": list(self._token(t).encode())} for t, lp in best]})
+            return {"content": content}
+        tokens = [self._token(t) for t in ids]
+        offsets, offset = [], text_offset
+        for text in tokens:
+            offsets.append(offset)
+            offset += len(text)
+        return {"tokens": tokens, "token_logprobs": [e[t] for t, e in zip(ids, entries)],
+                "top_logprobs": [{self._token(t): lp for t, lp in sorted(e.items(), key=lambda kv: -kv[1])[:top]}
+                                 for e in entries],
+                "text_offset": offsets}
+
+    # -- whole responses -------------------------------------------------------------------------------
+    def response(self, outputs: list[RequestOutput], n: int, top: int, echo: list[str] | None = None) -> dict:
+        """``outputs``: one per prompt; choice index = prompt index * n + sample index."""
+        choices = []
+        for i, out in enumerate(outputs):
+            for completion in out.outputs:
+                index = i * n + completion.index
+                logprobs = self.logprobs(completion, 0, len(completion.token_ids), 0, top)
+                if self.chat:
+                    choice = {"index": index, "message": {"role": "assistant", "content": completion.text},
+                              "logprobs": logprobs, "finish_reason": completion.finish_reason}
+                else:
+                    text = (echo[i] if echo else "") + completion.text
+                    if logprobs is not None and echo:
+                        logprobs["text_offset"] = [o + len(echo[i]) for o in logprobs["text_offset"]]
+                    choice = {"index": index, "text": text, "logprobs": logprobs,
+                              "finish_reason": completion.finish_reason}
+                choices.append(choice)
+        body = {**self._envelope(False), "choices": choices, "usage": usage(outputs)}
+        if self.spec_metrics:
+            body["spec_decode_metrics"] = [spec_figures(o.spec_metrics) for o in outputs]
+        return body
+
+    # -- stream chunks ---------------------------------------------------------------------------------
+    def chunk(self, index: int, text: str, finish_reason: str | None, logprobs: dict | None = None,
+              first: bool = False, sources: tuple[CompletionOutput, int] | None = None) -> dict:
+        """``sources``: (completion, first new token): list the new tokens and whether each was an accepted draft."""
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        else:
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        if sources is not None:
+            completion, start = sources
+            choice["token_sources"] = [{"text": self._token(t), "draft": d} for t, d in
+                                       zip(completion.token_ids[start:], completion.drafted[start:])]
+        return {**self._envelope(True), "choices": [choice]}
+
+    def usage_chunk(self, outputs: list[RequestOutput]) -> dict:
+        body = {**self._envelope(True), "choices": [], "usage": usage(outputs)}
+        if self.spec_metrics:
+            body["spec_decode_metrics"] = [spec_figures(o.spec_metrics) for o in outputs]
+        return body
