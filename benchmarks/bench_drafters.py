@@ -111,7 +111,8 @@ def _generate(llm, prompts, params, batch: int) -> tuple[float, list]:
 
 
 def trained(args) -> int:
-    drafters = dict(d.split("=", 1) for d in args.drafter) if args.drafter else {"eagle3": str(shipped_drafter("eagle3"))}
+    # (method, folder) pairs: several folders of one method are each measured
+    drafters = [tuple(d.split("=", 1)) for d in args.drafter] if args.drafter else [("eagle3", str(shipped_drafter("eagle3")))]
     common = dict(dtype="float32", max_model_len=2048, kv_cache_gb=0.5, enable_prefix_caching=False, max_num_seqs=64)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     plain = LLM(args.model, **common)
@@ -120,7 +121,7 @@ def trained(args) -> int:
                for c in chat_prompts(args.num_prompts, start=HELD_OUT_START)]
     print(f"{len(prompts)} held-out prompts (conversations {HELD_OUT_START}+), {args.max_tokens} new tokens, greedy")
     torch.set_num_threads(max(args.threads))
-    for method, folder in drafters.items():
+    for method, folder in drafters:
         print(f"\n== {method}: {folder}\nacceptance (batch {args.accept_batch}, {max(args.threads)} threads):")
         print(f"{'k':>2s} {'acc len':>8s}  per-position acceptance")
         for k in range(1, 7):
