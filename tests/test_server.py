@@ -244,3 +244,16 @@ def test_the_playground_page_is_served(server):
     with urllib.request.urlopen(server.base + "/", timeout=10) as r:
         page = r.read().decode()
     assert "return_token_sources" in page and "/v1/chat/completions" in page and "accepted draft" in page
+
+
+def test_logprobs_equal_offline(server, offline):
+    client = _client(server)
+    want = offline.generate(["abc"], SamplingParams(temperature=0, max_tokens=5, logprobs=2), use_tqdm=False)[0]
+    got = client.completions.create(model="tiny", prompt="abc", temperature=0, max_tokens=5, logprobs=2).choices[0]
+    sampled = [entry[t] for t, entry in zip(want.outputs[0].token_ids, want.outputs[0].logprobs)]
+    assert got.logprobs.token_logprobs == pytest.approx(sampled, abs=1e-5)
+    assert all(len(top) >= 1 for top in got.logprobs.top_logprobs)
+    chat = client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0, max_tokens=4, logprobs=True,
+                                          top_logprobs=3).choices[0]
+    assert len(chat.logprobs.content) == 4 and all(len(t.top_logprobs) == 3 for t in chat.logprobs.content)
+    assert all(t.logprob <= 0 and t.logprob >= t.top_logprobs[-1].logprob for t in chat.logprobs.content)
