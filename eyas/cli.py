@@ -219,8 +219,7 @@ def cmd_serve(args) -> int:
     llm = _make_llm(args)
     name = args.served_model_name or (args.model if args.model else "SmolLM2-135M-Instruct")
     settings = ServerSettings(name, api_key=args.api_key or os.environ.get("EYAS_API_KEY") or None,
-                              max_waiting=args.max_waiting, per_request_spec_metrics=args.per_request_spec_metrics,
-                              sampling_defaults=llm.sampling_defaults)
+                              max_waiting=args.max_waiting, per_request_spec_metrics=args.per_request_spec_metrics)
     serve(llm, settings, args.host, args.port)
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import time
 
 from eyas.config import EngineConfig
 from eyas.engine.output_processor import OutputProcessor
@@ -100,7 +101,7 @@ class Engine:
             return self._abort_one(request_id)
         for child in parent.release():  # held children never ran: they finish aborted, empty
             self.outputs.add(child, parent.prompt)
-            child.status, child.finish_time = RequestStatus.FINISHED_ABORTED, child.arrival_time
+            child.status, child.finish_time = RequestStatus.FINISHED_ABORTED, time.perf_counter()
             parent.merge(self.outputs.output(child))
         output = None
         for child in parent.children:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import logging
 import re
 import uuid
 from contextlib import asynccontextmanager
@@ -31,7 +30,6 @@ from eyas.server.metrics import ServerMetrics
 from eyas.server.protocol import UNSUPPORTED, ChatCompletionRequest, CompletionRequest
 from eyas.server.responses import Formatter
 
-logger = logging.getLogger("eyas")
 MAX_N = 128  # samples per prompt a request may ask for
 
 
@@ -41,7 +39,6 @@ class ServerSettings:
     api_key: str | None = None
     max_waiting: int | None = None  # 503 past this many waiting requests
     per_request_spec_metrics: bool = False
-    sampling_defaults: dict | None = None  # the model's defaults for fields a request leaves out
 
 
 class ApiError(Exception):
@@ -90,7 +87,7 @@ def build_app(llm: LLM, settings: ServerSettings) -> FastAPI:
     engine = llm.engine
     max_model_len = engine.config.scheduler.max_model_len
     metrics = ServerMetrics(settings.model_name)
-    defaults = settings.sampling_defaults or {}
+    defaults = llm.sampling_defaults  # the model's, for the fields a request leaves out
     state: dict[str, EngineLoop] = {}
 
     @asynccontextmanager

@@ -45,7 +45,6 @@ class _Sampling(BaseModel):
     return_token_sources: bool = False  # stream chunks name each new token and whether it was an accepted draft
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
 
     def sampling_params(self, defaults: dict, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """``defaults``: the model's sampling defaults; ``max_tokens``: already resolved. ValueError names the field."""
