@@ -6,6 +6,10 @@ and reloaded from there afterwards (building takes 2-3 s on the project's CPU). 
 the copy PyTorch has already loaded, so kernels and PyTorch share one thread pool. When no
 compiler is found or the build fails, ``load`` (and ``entry``) return None and say why once in
 the log; callers then take a pure-PyTorch path.
+
+A kernel written for several instruction sets (``quant_gemm.c``) is instead built once per
+instruction set, with explicit flags, and the build for the best set this CPU has is loaded
+(``cpu_isa``); ``EYAS_CPU_ISA=avx512|avx2|portable`` forces one the CPU supports (tests use it).
 """
 
 from __future__ import annotations
@@ -26,6 +30,13 @@ from eyas.model.resolve import cache_dir
 logger = logging.getLogger("eyas")
 _SOURCES = Path(__file__).parent
 _FLAG_SETS = (["-O3", "-march=native", "-fopenmp"], ["-O3", "-fopenmp"])  # the second for compilers without -march=native
+# instruction set -> (the /proc/cpuinfo flags it needs, compiler flags), best first
+ISA_BUILDS = {
+    "avx512": (("avx512f", "avx512bw", "avx512vl", "avx2", "fma", "f16c"),
+               ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"]),
+    "avx2": (("avx2", "fma", "f16c"), ["-mavx2", "-mfma", "-mf16c"]),
+    "portable": ((), []),
+}
 
 
 def _cpu_id() -> str:
@@ -35,6 +46,33 @@ def _cpu_id() -> str:
         return platform.processor()
     lines = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags", "Features"))]
     return "\n".join(dict.fromkeys(lines))  # one copy per distinct line, not one per core
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo names them (empty where there is none)."""
+    for line in _cpu_id().splitlines():
+        if line.startswith(("flags", "Features")):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+@functools.cache
+def supported_isas() -> tuple[str, ...]:
+    """The instruction sets of ``ISA_BUILDS`` this CPU runs, best first."""
+    flags = cpu_flags()
+    return tuple(isa for isa, (needs, _) in ISA_BUILDS.items() if all(f in flags for f in needs))
+
+
+def cpu_isa() -> str:
+    """The instruction set multi-ISA kernels are built for: ``EYAS_CPU_ISA`` if set, else the best supported."""
+    supported = supported_isas()
+    forced = os.environ.get("EYAS_CPU_ISA")
+    if forced:
+        if forced not in supported:
+            raise ValueError(f"EYAS_CPU_ISA={forced!r}: this CPU runs {', '.join(supported)} "
+                             f"(known: {', '.join(ISA_BUILDS)})")
+        return forced
+    return supported[0]
 
 
 def _build(source: Path, cc: str, flags: list[str]) -> Path | None:
@@ -57,8 +95,10 @@ def _build(source: Path, cc: str, flags: list[str]) -> Path | None:
 
 
 @functools.cache
-def load(name: str) -> ctypes.CDLL | None:
-    """The kernel library ``eyas/kernels/<name>.c``, built if needed; None if it cannot be built."""
+def load(name: str, isa: str | None = None) -> ctypes.CDLL | None:
+    """The kernel library ``eyas/kernels/<name>.c``, built if needed; None if it cannot be built.
+
+    With ``isa`` (a key of ``ISA_BUILDS``), it is built for that instruction set instead of ``-march=native``."""
     import torch  # noqa: F401  (PyTorch's libgomp must be loaded first, so the kernel's OpenMP binds to it)
 
     candidates = [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc"]
@@ -67,7 +107,8 @@ def load(name: str) -> ctypes.CDLL | None:
         logger.warning("no C compiler (%s) found: the native %s kernel is off, PyTorch ops are used instead",
                        " or ".join(candidates), name)
         return None
-    for flags in _FLAG_SETS:
+    flag_sets = _FLAG_SETS if isa is None else [["-O3", *ISA_BUILDS[isa][1], "-fopenmp"]]
+    for flags in flag_sets:
         path = _build(_SOURCES / f"{name}.c", cc, flags)
         if path is not None:
             return ctypes.CDLL(str(path))
@@ -76,13 +117,13 @@ def load(name: str) -> ctypes.CDLL | None:
     return None
 
 
-def entry(name: str, *argtypes) -> ctypes._CFuncPtr | None:
-    """The C function ``eyas_<name>`` of ``eyas/kernels/<name>.c``, returning int and taking
-    ``argtypes`` (ctypes types); None if the kernel cannot be built."""
-    lib = load(name)
+def entry(name: str, *argtypes, function: str | None = None, isa: str | None = None) -> ctypes._CFuncPtr | None:
+    """The C function ``eyas_<function or name>`` of ``eyas/kernels/<name>.c``, returning int and
+    taking ``argtypes`` (ctypes types); None if the kernel cannot be built. ``isa``: as for ``load``."""
+    lib = load(name, isa)
     if lib is None:
         return None
-    fn = getattr(lib, f"eyas_{name}")
+    fn = getattr(lib, f"eyas_{function or name}")
     fn.restype = ctypes.c_int
     fn.argtypes = list(argtypes)
     return fn

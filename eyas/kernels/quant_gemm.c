@@ -1,0 +1,464 @@
+/* out = x @ dequant(weight)^T with the weight kept in a compact block format, float32 activations.
+
+   x [M, K] float32 (row stride ldx), weight [N, row_bytes] (one quantized row per output, in the
+   format's own bytes: the GGUF block layout for GGML types), out [M, N] float32 (row stride ldo).
+
+   Formats (ids are GGML's type numbers; I8_ROW is eyas's own):
+     F16, BF16   one 2-byte float per weight;
+     Q4_0, Q4_1, Q8_0   blocks of 32 weights with one or two float16 scales;
+     Q4_K, Q5_K, Q6_K   super-blocks of 256 with 6-bit / 8-bit sub-block scales;
+     I8_ROW      one int8 per weight, times a float32 scale per output row (row_scale[N]).
+   Each block is dequantized with the same float32 operations, in the same order, as the gguf
+   package's numpy reference (products and sums rounded one at a time, never fused), so the
+   dequantized weights equal gguf's bit for bit.
+
+   Products never build the dequantized weight. A weight is w = s * q + o with q a small integer
+   (held exactly in float32), s a scale and o an offset shared by a sub-block of 32 (16 for Q6_K's
+   scales), so a sub-block's share of a dot product is s * sum(q * x) + o * sum(x): the integers are
+   decoded into float vectors in registers, multiplied with x, and the scale applied once per
+   sub-block; the offsets meet per-sub-block sums of x, computed once per call. That is about a
+   third of the instructions of dequantize-then-multiply, so decode keeps up with memory.
+
+   One arithmetic for every row count. Threads split the output rows into tiles of TILE_N weight
+   rows (static split), computed TILE_M rows of x at a time with TILE_N x TILE_M accumulators in
+   registers. Up to TILE_M rows (decode, short verification chains) decode the weights in
+   registers as they stream by; more rows (prefill, batches) decode each tile once into a per-thread
+   buffer and reuse it for every row group. Both read the same decoded values in the same order.
+
+   Every output element is one 16-lane accumulator summed over the sub-blocks in order with
+   exactly rounded multiplies and fused multiply-adds, plus one scalar offset sum in order, reduced
+   in one fixed tree: the result does not depend on the thread count, on the other rows of x, or on
+   which instruction set ran it. The AVX512, AVX2 and portable builds of this file give the same
+   bits (the portable build's fmaf is exact too, only slower). */
+#pragma GCC optimize("fp-contract=off")
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+enum { F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30, I8_ROW = 1000 };
+
+#if defined(__AVX512F__)
+#define TILE_N 4
+#define TILE_M 3 /* 12 accumulators + 8 decoded weight vectors + x, of 32 zmm registers */
+#define ISA "avx512"
+#elif defined(__AVX2__)
+#define TILE_N 2
+#define TILE_M 2 /* a 16-lane vector is two ymm registers: 8 accumulator + 8 weight registers of 16 */
+#define ISA "avx2"
+#else
+#define TILE_N 2
+#define TILE_M 2
+#define ISA "portable"
+#endif
+#define SUB 32 /* weights per sub-block: the unit of decoding */
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+typedef uint8_t v16u8 __attribute__((vector_size(16)));
+typedef int8_t v16i8 __attribute__((vector_size(16)));
+
+static inline v16f load16(const float *p) {
+    v16f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline v16u8 bytes16(const uint8_t *p) {
+    v16u8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline v16f splat(float s) { return (v16f){0} + s; }
+
+/* 16 unsigned / signed bytes -> 16 floats */
+static inline v16f u8_to_f(v16u8 q) {
+#if defined(__AVX512F__)
+    return (v16f)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32((__m128i)q));
+#elif defined(__AVX2__)
+    __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32((__m128i)q));
+    __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128((__m128i)q, 8)));
+    return __builtin_shufflevector((v8f)lo, (v8f)hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+    return __builtin_convertvector(q, v16f);
+#endif
+}
+static inline v16f i8_to_f(const uint8_t *p) {
+    v16i8 q;
+    memcpy(&q, p, sizeof q);
+#if defined(__AVX512F__)
+    return (v16f)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32((__m128i)q));
+#elif defined(__AVX2__)
+    __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32((__m128i)q));
+    __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128((__m128i)q, 8)));
+    return __builtin_shufflevector((v8f)lo, (v8f)hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+    return __builtin_convertvector(q, v16f);
+#endif
+}
+
+static inline float half_to_float(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else { /* subnormal half: normalise */
+        exp = 113;
+        while (!(man & 0x400)) {
+            man <<= 1;
+            exp--;
+        }
+        bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+/* 16 float16 / bfloat16 values -> 16 floats */
+static inline v16f f16_to_f(const uint8_t *p) {
+#if defined(__AVX512F__)
+    return (v16f)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#elif defined(__F16C__)
+    __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));
+    return __builtin_shufflevector((v8f)lo, (v8f)hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+    v16f v;
+    for (int i = 0; i < 16; i++) v[i] = half_to_float(p + 2 * i);
+    return v;
+#endif
+}
+static inline v16f bf16_to_f(const uint8_t *p) {
+    v16f v;
+    for (int i = 0; i < 16; i++) {
+        uint32_t bits = (uint32_t)(p[2 * i] | (p[2 * i + 1] << 8)) << 16;
+        memcpy((float *)&v + i, &bits, 4);
+    }
+    return v;
+}
+
+static inline v16f fma16(v16f a, v16f b, v16f c) {
+#if defined(__AVX512F__)
+    return (v16f)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__AVX2__) && defined(__FMA__)
+    v8f lo = (v8f)_mm256_fmadd_ps((__m256)__builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7),
+                                  (__m256)__builtin_shufflevector(b, b, 0, 1, 2, 3, 4, 5, 6, 7),
+                                  (__m256)__builtin_shufflevector(c, c, 0, 1, 2, 3, 4, 5, 6, 7));
+    v8f hi = (v8f)_mm256_fmadd_ps((__m256)__builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15),
+                                  (__m256)__builtin_shufflevector(b, b, 8, 9, 10, 11, 12, 13, 14, 15),
+                                  (__m256)__builtin_shufflevector(c, c, 8, 9, 10, 11, 12, 13, 14, 15));
+    return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+    v16f r;
+    for (int i = 0; i < 16; i++) r[i] = fmaf(a[i], b[i], c[i]);
+    return r;
+#endif
+}
+
+/* ((l0 + l8) + (l4 + l12)) + ... one fixed tree */
+static inline float lane_sum(v16f v) {
+    float s[8];
+    for (int i = 0; i < 8; i++) s[i] = v[i] + v[i + 8];
+    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+/* bytes of one row of K weights */
+static int64_t row_bytes(int type, int64_t k) {
+    switch (type) {
+    case F16: case BF16: return 2 * k;
+    case Q4_0: return k / 32 * 18;
+    case Q4_1: return k / 32 * 20;
+    case Q8_0: return k / 32 * 34;
+    case Q4_K: return k / 256 * 144;
+    case Q5_K: return k / 256 * 176;
+    case Q6_K: return k / 256 * 210;
+    case I8_ROW: return k;
+    default: return -1;
+    }
+}
+
+static int block_size(int type) {
+    switch (type) {
+    case Q4_K: case Q5_K: case Q6_K: return 256;
+    case F16: case BF16: case I8_ROW: case Q4_0: case Q4_1: case Q8_0: return 32;
+    default: return 0;
+    }
+}
+
+/* whether the format has a per-sub-block offset (w = s * q + o with o != 0) */
+static inline int has_offset(int type) { return type == Q4_1 || type == Q4_K || type == Q5_K; }
+
+/* Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes */
+static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *mn = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* One decoded sub-block: weights [16 * h + i] = s[h] * q[h][i] + o. For F16/BF16/I8_ROW q holds the
+   weights (or the int8 values) and s is unused. */
+typedef struct {
+    v16f q[2];
+    float s[2], o;
+} __attribute__((aligned(64))) sub_t;
+
+static inline __attribute__((always_inline)) void decode(const int type, const uint8_t *row, int64_t sb, sub_t *d) {
+    switch (type) {
+    case F16:
+        d->q[0] = f16_to_f(row + 64 * sb);
+        d->q[1] = f16_to_f(row + 64 * sb + 32);
+        return;
+    case BF16:
+        d->q[0] = bf16_to_f(row + 64 * sb);
+        d->q[1] = bf16_to_f(row + 64 * sb + 32);
+        return;
+    case I8_ROW:
+        d->q[0] = i8_to_f(row + 32 * sb);
+        d->q[1] = i8_to_f(row + 32 * sb + 16);
+        return;
+    case Q4_0: {
+        const uint8_t *blk = row + sb * 18;
+        v16u8 q = bytes16(blk + 2);
+        d->s[0] = d->s[1] = half_to_float(blk);
+        d->q[0] = u8_to_f(q & 15) - 8.0f;
+        d->q[1] = u8_to_f(q >> 4) - 8.0f;
+        return;
+    }
+    case Q4_1: {
+        const uint8_t *blk = row + sb * 20;
+        v16u8 q = bytes16(blk + 4);
+        d->s[0] = d->s[1] = half_to_float(blk);
+        d->o = half_to_float(blk + 2);
+        d->q[0] = u8_to_f(q & 15);
+        d->q[1] = u8_to_f(q >> 4);
+        return;
+    }
+    case Q8_0: {
+        const uint8_t *blk = row + sb * 34;
+        d->s[0] = d->s[1] = half_to_float(blk);
+        d->q[0] = i8_to_f(blk + 2);
+        d->q[1] = i8_to_f(blk + 18);
+        return;
+    }
+    case Q4_K:
+    case Q5_K: {
+        const uint8_t *blk = row + sb / 8 * (type == Q4_K ? 144 : 176);
+        int j = sb % 8, sc, mn;
+        k_scale_min(blk + 4, j, &sc, &mn);
+        d->s[0] = d->s[1] = half_to_float(blk) * (float)sc;
+        d->o = -(half_to_float(blk + 2) * (float)mn);
+        const uint8_t *qs = blk + (type == Q4_K ? 16 : 48) + 32 * (j / 2);
+        for (int h = 0; h < 2; h++) {
+            v16u8 q = bytes16(qs + 16 * h);
+            q = (j & 1) ? q >> 4 : q & 15;
+            if (type == Q5_K) q |= ((bytes16(blk + 16 + 16 * h) >> j) & 1) << 4;
+            d->q[h] = u8_to_f(q);
+        }
+        return;
+    }
+    case Q6_K: {
+        const uint8_t *blk = row + sb / 8 * 210;
+        int g = sb % 8, half = g / 4, part = g % 4;
+        float dd = half_to_float(blk + 208);
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        for (int h = 0; h < 2; h++) {
+            v16u8 lo = bytes16(blk + 64 * half + 32 * (part & 1) + 16 * h);
+            lo = part < 2 ? lo & 15 : lo >> 4;
+            v16u8 hi = (bytes16(blk + 128 + 32 * half + 16 * h) >> (2 * part)) & 3;
+            d->q[h] = u8_to_f(lo | (hi << 4)) - 32.0f;
+            d->s[h] = dd * (float)sc[2 * g + h];
+        }
+        return;
+    }
+    }
+}
+
+/* out[m, j] for j < NB weight rows (stride rb) and m < MB rows of x (stride ldx); xs: sums of x per
+   sub-block. The weight rows are decoded here (pre == NULL) or were decoded into pre[j * nsub + sb]:
+   the arithmetic is the same either way. */
+static inline __attribute__((always_inline)) void tile(const int type, const int NB, const int MB, const float *x,
+                                                     int64_t ldx, const float *xs, int64_t nsub, const uint8_t *w,
+                                                     int64_t rb, const sub_t *pre, const float *row_scale,
+                                                     float *out, int64_t ldo) {
+    v16f acc[TILE_N][TILE_M];
+    float off[TILE_N][TILE_M];
+    for (int j = 0; j < NB; j++)
+        for (int m = 0; m < MB; m++) {
+            acc[j][m] = (v16f){0};
+            off[j][m] = 0.0f;
+        }
+    for (int64_t sb = 0; sb < nsub; sb++) {
+        sub_t fresh[TILE_N];
+        const sub_t *d[TILE_N];
+        for (int j = 0; j < NB; j++) {
+            if (pre) {
+                d[j] = pre + j * nsub + sb;
+            } else {
+                decode(type, w + j * rb, sb, &fresh[j]);
+                d[j] = &fresh[j];
+            }
+        }
+        for (int m = 0; m < MB; m++) {
+            v16f x0 = load16(x + m * ldx + SUB * sb), x1 = load16(x + m * ldx + SUB * sb + 16);
+            for (int j = 0; j < NB; j++) {
+                if (type == F16 || type == BF16 || type == I8_ROW) {
+                    acc[j][m] = fma16(d[j]->q[1], x1, fma16(d[j]->q[0], x0, acc[j][m]));
+                } else if (type == Q6_K) {
+                    acc[j][m] = fma16(d[j]->q[0] * x0, splat(d[j]->s[0]), acc[j][m]);
+                    acc[j][m] = fma16(d[j]->q[1] * x1, splat(d[j]->s[1]), acc[j][m]);
+                } else {
+                    acc[j][m] = fma16(fma16(d[j]->q[1], x1, d[j]->q[0] * x0), splat(d[j]->s[0]), acc[j][m]);
+                }
+                if (has_offset(type)) off[j][m] = fmaf(d[j]->o, xs[m * nsub + sb], off[j][m]);
+            }
+        }
+    }
+    for (int j = 0; j < NB; j++)
+        for (int m = 0; m < MB; m++) {
+            float s = lane_sum(acc[j][m]);
+            if (type == I8_ROW) s *= row_scale[j];
+            out[m * ldo + j] = has_offset(type) ? s + off[j][m] : s;
+        }
+}
+
+/* NB weight rows against all rows of x, TILE_M at a time. A few rows decode the weights as they go
+   (each weight byte is read once either way); more rows decode the tile once into buf and reuse it. */
+static inline __attribute__((always_inline)) void rows(const int type, const int NB, const float *x, int64_t ldx,
+                                                     const float *xs, int64_t m_len, int64_t nsub, const uint8_t *w,
+                                                     int64_t rb, sub_t *buf, const float *row_scale, float *out,
+                                                     int64_t ldo) {
+    const sub_t *pre = NULL;
+    if (m_len > TILE_M) {
+        for (int j = 0; j < NB; j++)
+            for (int64_t sb = 0; sb < nsub; sb++) decode(type, w + j * rb, sb, &buf[j * nsub + sb]);
+        pre = buf;
+    }
+    int64_t m = 0;
+    for (; m + TILE_M <= m_len; m += TILE_M)
+        tile(type, NB, TILE_M, x + m * ldx, ldx, xs + m * nsub, nsub, w, rb, pre, row_scale, out + m * ldo, ldo);
+    for (; m < m_len; m++)
+        tile(type, NB, 1, x + m * ldx, ldx, xs + m * nsub, nsub, w, rb, pre, row_scale, out + m * ldo, ldo);
+}
+
+#define GEMM_FOR(TYPE)                                                                                           \
+    static int gemm_##TYPE(const float *x, int64_t ldx, const float *xs, const uint8_t *weight,               \
+                           const float *row_scale, float *out, int64_t ldo, int64_t m_len, int64_t n_len,     \
+                           int64_t k_len, int num_threads) {                                                  \
+        int64_t rb = row_bytes(TYPE, k_len), nsub = k_len / SUB, tiles = (n_len + TILE_N - 1) / TILE_N;        \
+        int failed = 0;                                                                                       \
+        _Pragma("omp parallel num_threads(num_threads)")                                                      \
+        {                                                                                                     \
+            sub_t *buf = NULL; /* this thread's decoded tile, for row counts past TILE_M */                    \
+            if (m_len > TILE_M && (buf = aligned_alloc(64, sizeof(sub_t) * TILE_N * nsub)) == NULL) {         \
+                _Pragma("omp atomic write")                                                                   \
+                failed = 1;                                                                                   \
+            }                                                                                                 \
+            _Pragma("omp for schedule(static)")                                                               \
+            for (int64_t t = 0; t < tiles; t++) {                                                             \
+                if (m_len > TILE_M && buf == NULL) continue;                                                  \
+                int64_t n0 = t * TILE_N;                                                                      \
+                const float *rs = row_scale ? row_scale + n0 : NULL;                                          \
+                if (n0 + TILE_N <= n_len) {                                                                    \
+                    rows(TYPE, TILE_N, x, ldx, xs, m_len, nsub, weight + n0 * rb, rb, buf, rs, out + n0, ldo); \
+                } else {                                                                                      \
+                    for (int64_t n = n0; n < n_len; n++)                                                      \
+                        rows(TYPE, 1, x, ldx, xs, m_len, nsub, weight + n * rb, rb, buf,                      \
+                             rs ? rs + (n - n0) : NULL, out + n, ldo);                                        \
+                }                                                                                             \
+            }                                                                                                 \
+            free(buf);                                                                                        \
+        }                                                                                                     \
+        return failed ? -1 : 0;                                                                               \
+    }
+GEMM_FOR(F16)
+GEMM_FOR(BF16)
+GEMM_FOR(I8_ROW)
+GEMM_FOR(Q4_0)
+GEMM_FOR(Q4_1)
+GEMM_FOR(Q8_0)
+GEMM_FOR(Q4_K)
+GEMM_FOR(Q5_K)
+GEMM_FOR(Q6_K)
+
+/* Returns 0, or -1 for an unknown type, a K the format cannot hold, or no memory. */
+int eyas_quant_gemm(const float *x, int64_t ldx, const uint8_t *weight, int type, const float *row_scale, float *out,
+                    int64_t ldo, int64_t m_len, int64_t n_len, int64_t k_len, int num_threads) {
+    int bs = block_size(type);
+    if (bs == 0 || k_len % bs != 0 || (type == I8_ROW && row_scale == NULL)) return -1;
+    int64_t nsub = k_len / SUB;
+    float *xs = NULL; /* xs[m, sb]: the sum of x's 32 values of sub-block sb, for formats with offsets */
+    if (has_offset(type)) {
+        xs = malloc(sizeof(float) * (size_t)(m_len * nsub + 1));
+        if (xs == NULL) return -1;
+        for (int64_t m = 0; m < m_len; m++)
+            for (int64_t sb = 0; sb < nsub; sb++)
+                xs[m * nsub + sb] = lane_sum(load16(x + m * ldx + SUB * sb) + load16(x + m * ldx + SUB * sb + 16));
+    }
+    int status = -1;
+    switch (type) {
+    case F16: status = gemm_F16(x, ldx, xs, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case BF16: status = gemm_BF16(x, ldx, xs, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case I8_ROW: status = gemm_I8_ROW(x, ldx, xs, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case Q4_0: status = gemm_Q4_0(x, ldx, xs, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case Q4_1: status = gemm_Q4_1(x, ldx, xs, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case Q8_0: status = gemm_Q8_0(x, ldx, xs, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case Q4_K: status = gemm_Q4_K(x, ldx, xs, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case Q5_K: status = gemm_Q5_K(x, ldx, xs, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case Q6_K: status = gemm_Q6_K(x, ldx, xs, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    }
+    free(xs);
+    return status;
+}
+
+/* out[i, 0..K) = the dequantized row rows[i] of weight, w = s * q + o rounded as gguf does (an
+   embedding lookup); -1 for a bad type or K */
+int eyas_quant_rows(const uint8_t *weight, int type, const float *row_scale, const int64_t *rows_, int64_t count,
+                    int64_t k_len, float *out, int num_threads) {
+    int bs = block_size(type);
+    if (bs == 0 || k_len % bs != 0 || (type == I8_ROW && row_scale == NULL)) return -1;
+    int64_t rb = row_bytes(type, k_len), nsub = k_len / SUB;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t i = 0; i < count; i++) {
+        const uint8_t *row = weight + rows_[i] * rb;
+        for (int64_t sb = 0; sb < nsub; sb++) {
+            sub_t d = {0};
+            switch (type) { /* decode is inlined per format */
+            case F16: decode(F16, row, sb, &d); break;
+            case BF16: decode(BF16, row, sb, &d); break;
+            case I8_ROW: decode(I8_ROW, row, sb, &d); d.s[0] = d.s[1] = row_scale[rows_[i]]; break;
+            case Q4_0: decode(Q4_0, row, sb, &d); break;
+            case Q4_1: decode(Q4_1, row, sb, &d); break;
+            case Q8_0: decode(Q8_0, row, sb, &d); break;
+            case Q4_K: decode(Q4_K, row, sb, &d); break;
+            case Q5_K: decode(Q5_K, row, sb, &d); break;
+            case Q6_K: decode(Q6_K, row, sb, &d); break;
+            }
+            for (int h = 0; h < 2; h++) {
+                v16f w = (type == F16 || type == BF16) ? d.q[h] : d.q[h] * d.s[h];
+                if (has_offset(type)) w = w + d.o;
+                memcpy(out + i * k_len + SUB * sb + 16 * h, &w, sizeof w);
+            }
+        }
+    }
+    return 0;
+}
+
+/* the instruction set this build was compiled for: "avx512", "avx2" or "portable" */
+const char *eyas_quant_isa(void) { return ISA; }

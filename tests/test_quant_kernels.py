@@ -1,0 +1,168 @@
+"""eyas's quantized CPU kernel (``eyas/kernels/quant_gemm.c``) against float64 references built from
+the ``gguf`` package's own dequantization: every block format, tile-edge shapes, 1..300 rows, batch
+and thread invariance, and each instruction-set build this CPU runs."""
+
+import numpy as np
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+
+from eyas import kernels
+from eyas.model import quantized as Q
+
+pytestmark = pytest.mark.skipif(not Q.kernel_available(), reason="no C compiler: the quantized kernel cannot be built")
+
+GGML_FORMATS = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16"]
+# (offset, size) of the float16 scale fields inside one block, set to values that keep |w| near 0.1 (random
+# bytes could be inf/NaN, or make a random model's logits explode)
+_HALF_FIELDS = {"Q4_0": ((0, 0.1 / 8),), "Q4_1": ((0, 0.1 / 15), (2, 0.05)), "Q8_0": ((0, 0.1 / 127),),
+                "Q4_K": ((0, 0.1 / 945), (2, 0.05 / 63)), "Q5_K": ((0, 0.1 / 1953), (2, 0.05 / 63)),
+                "Q6_K": ((208, 0.1 / 4064),)}
+
+
+def random_weight(fmt_name: str, n: int, k: int, seed: int = 0) -> tuple[Q.QuantWeight, np.ndarray]:
+    """A random [n, k] weight in the format and its float32 dequantization by the gguf package."""
+    rng = np.random.default_rng(seed)
+    fmt = Q.FORMATS[fmt_name]
+    if fmt_name == "F16":
+        values = (rng.standard_normal((n, k)) * 0.05).astype(np.float16)
+        return Q.QuantWeight(torch.from_numpy(values.view(np.uint8).copy()), fmt, k), values.astype(np.float32)
+    if fmt_name == "BF16":
+        values = (torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05).to(torch.bfloat16)
+        return Q.QuantWeight(values.view(torch.uint8).clone(), fmt, k), values.float().numpy()
+    blocks = rng.integers(0, 256, size=(n, k // fmt.block_size, fmt.block_bytes), dtype=np.uint8)
+    for offset, size in _HALF_FIELDS[fmt_name]:
+        scale = (rng.standard_normal((n, k // fmt.block_size, 1)) * size).astype(np.float16)
+        blocks[:, :, offset:offset + 2] = scale.view(np.uint8)
+    data = blocks.reshape(n, -1)
+    reference = gguf_dequantize(data, GGMLQuantizationType[fmt_name]).astype(np.float32)
+    return Q.QuantWeight(torch.from_numpy(data.copy()), fmt, k), reference
+
+
+def check_close(out: torch.Tensor, x: torch.Tensor, w: np.ndarray):
+    """out against x @ w^T in float64; the bound is float32 accumulation error over the terms' magnitudes."""
+    ref = x.double() @ torch.from_numpy(w).double().T
+    scale = x.double().abs() @ torch.from_numpy(w).double().abs().T
+    err = (out.double() - ref).abs()
+    assert (err <= 1e-5 * scale + 1e-30).all(), f"max error {err.max():.3g}, at scale {scale.max():.3g}"
+
+
+@pytest.mark.parametrize("fmt", GGML_FORMATS)
+def test_dequantized_rows_equal_gguf(fmt):
+    k = 512 if fmt in ("Q4_K", "Q5_K", "Q6_K") else 96
+    weight, reference = random_weight(fmt, 13, k)
+    assert torch.equal(Q.dequantize(weight), torch.from_numpy(reference))
+    rows = torch.tensor([12, 0, 5, 5])
+    assert torch.equal(Q.dequantize_rows(weight, rows), torch.from_numpy(reference[rows.numpy()]))
+
+
+@pytest.mark.parametrize("fmt", GGML_FORMATS)
+@pytest.mark.parametrize("n,k", [(1, 256), (5, 512), (17, 768)])
+def test_products_match_float64_reference(fmt, n, k):
+    weight, reference = random_weight(fmt, n, k, seed=n)
+    x = torch.randn(300, k, generator=torch.Generator().manual_seed(k))
+    for rows in (1, 2, 3, 4, 5, 7, 16, 25, 300):
+        check_close(Q.matmul(x[:rows].contiguous(), weight), x[:rows], reference)
+
+
+@pytest.mark.parametrize("fmt", ["Q4_0", "Q8_0", "BF16"])
+def test_blocks_of_32_need_no_multiple_of_256(fmt):
+    weight, reference = random_weight(fmt, 6, 32 * 7)  # 224: no whole super-block
+    x = torch.randn(3, 224)
+    check_close(Q.matmul(x, weight), x, reference)
+
+
+@pytest.mark.parametrize("fmt", GGML_FORMATS)
+def test_row_results_do_not_depend_on_batch_or_threads(fmt):
+    weight, _ = random_weight(fmt, 19, 512)
+    x = torch.randn(300, 512, generator=torch.Generator().manual_seed(3))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        full = Q.matmul(x, weight)
+        torch.set_num_threads(1)
+        assert torch.equal(Q.matmul(x, weight), full)  # thread count
+    finally:
+        torch.set_num_threads(threads)
+    for i in (0, 1, 2, 3, 150, 299):  # alone, and among other rows
+        assert torch.equal(Q.matmul(x[i:i + 1].contiguous(), weight), full[i:i + 1])
+        assert torch.equal(Q.matmul(x[i:i + 5].contiguous(), weight)[0], full[i]) if i + 5 <= 300 else True
+    # into a column slice of a wider output (a fused q/k/v), with a strided input row
+    wide = torch.full((300, 25), float("nan"))
+    Q.matmul(x, weight, wide[:, 3:22])
+    assert torch.equal(wide[:, 3:22], full)
+    assert wide[:, :3].isnan().all() and wide[:, 22:].isnan().all()
+
+
+@pytest.mark.parametrize("isa", kernels.supported_isas())
+def test_every_instruction_set_gives_the_same_bits(isa, monkeypatch):
+    """Each build this CPU runs (forced with EYAS_CPU_ISA) equals the default one exactly."""
+    weights = {fmt: random_weight(fmt, 9, 512, seed=1)[0] for fmt in GGML_FORMATS}
+    weights["I8_ROW"] = Q.quantize_int8(torch.randn(9, 512))
+    x = torch.randn(7, 512)
+    expected = {fmt: Q.matmul(x, w) for fmt, w in weights.items()}
+    monkeypatch.setenv("EYAS_CPU_ISA", isa)
+    assert kernels.cpu_isa() == isa
+    for fmt, w in weights.items():
+        assert torch.equal(Q.matmul(x, w), expected[fmt]), (isa, fmt)
+        assert torch.equal(Q.dequantize(w), Q.dequantize(w)), (isa, fmt)
+
+
+def test_dispatch_picks_the_best_instruction_set_and_refuses_a_missing_one(monkeypatch):
+    flags = kernels.cpu_flags()
+    best = kernels.supported_isas()[0]
+    if {"avx512f", "avx512bw", "avx512vl"} <= flags:
+        assert best == "avx512"
+    elif {"avx2", "fma", "f16c"} <= flags:
+        assert best == "avx2"
+    else:
+        assert best == "portable"
+    monkeypatch.delenv("EYAS_CPU_ISA", raising=False)
+    assert kernels.cpu_isa() == best
+    monkeypatch.setenv("EYAS_CPU_ISA", "sse9")
+    with pytest.raises(ValueError, match="EYAS_CPU_ISA='sse9': this CPU runs"):
+        kernels.cpu_isa()
+
+
+def test_an_avx2_only_cpu_takes_the_avx2_build(monkeypatch):
+    """The dispatch reads /proc/cpuinfo's flags: an AVX2 CPU without AVX512 gets the AVX2 build."""
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"sse2", "avx", "avx2", "fma", "f16c"}))
+    kernels.supported_isas.cache_clear()
+    try:
+        assert kernels.supported_isas() == ("avx2", "portable")
+        assert kernels.cpu_isa() == "avx2"
+    finally:
+        kernels.supported_isas.cache_clear()
+
+
+def test_int8_rows_round_trip_and_products():
+    w = torch.randn(40, 576)
+    w[3] = 0  # an all-zero row gets scale 0, not a division by zero
+    q = Q.quantize_int8(w)
+    back = Q.dequantize(q)
+    assert (back - w).abs().max(dim=1).values.le(q.scale * (0.5 + 1e-4)).all()  # + the rounding of q * scale
+    assert torch.equal(back[3], torch.zeros(576))
+    x = torch.randn(5, 576)
+    check_close(Q.matmul(x, q), x, back.numpy())
+
+
+def test_shapes_a_format_cannot_hold_are_refused():
+    with pytest.raises(ValueError, match="a Q4_K row of 576 weights is not a whole number of 256-weight blocks"):
+        Q.QuantWeight(torch.zeros(2, 576 // 256 * 144 + 72, dtype=torch.uint8), Q.FORMATS["Q4_K"], 576)
+    with pytest.raises(ValueError, match="I8_ROW row of 40 weights"):
+        Q.quantize_int8(torch.randn(3, 40))
+
+
+def test_quant_linear_mixed_formats_and_bias():
+    """A fused weight whose parts differ in format computes each part into its own columns."""
+    (a, ra), (b, rb) = random_weight("Q4_K", 8, 256), random_weight("Q6_K", 4, 256, seed=2)
+    bias = torch.randn(12)
+    layer = Q.QuantLinear.stacked([a, b], bias)
+    assert [p.fmt.name for p in layer.parts] == ["Q4_K", "Q6_K"]
+    x = torch.randn(3, 256)
+    out = layer(x)
+    check_close(out - bias, x, np.concatenate([ra, rb]))
+    assert layer(x.bfloat16()).dtype == torch.bfloat16
+    same = Q.QuantLinear.stacked([a, random_weight("Q4_K", 2, 256, seed=5)[0]])
+    assert len(same.parts) == 1 and same.out_features == 10
