@@ -21,6 +21,10 @@ def _engine_args(parser: argparse.ArgumentParser, speculative: bool = True) -> N
     g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
                    help="auto = bfloat16 on CUDA, float32 on CPU")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    g.add_argument("--quantization", default="auto", choices=["auto", "gguf", "int8", "none"],
+                   help="weight format: auto = a GGUF model keeps its block formats on a CPU (gguf), anything else "
+                        "the engine dtype; gguf = the GGUF file's own formats (CPU); int8 = per-output-channel int8 "
+                        "made at load (CPU); none = the engine dtype")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--max-num-batched-tokens", type=int, default=2048)
@@ -89,7 +93,8 @@ def _make_llm(args):
     return LLM(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                kv_cache_gb=args.kv_cache_gb, enable_prefix_caching=not args.no_prefix_caching,
-               num_threads=args.threads, enforce_eager=args.enforce_eager, speculative_config=_spec_config(args))
+               num_threads=args.threads, enforce_eager=args.enforce_eager, speculative_config=_spec_config(args),
+               quantization=None if args.quantization == "none" else args.quantization)
 
 
 def _spec_line(metrics: dict) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUANTIZATIONS = ("auto", None, "gguf", "int8")
 
 
 def _require(ok: bool, message: str) -> None:
@@ -43,9 +44,10 @@ class ModelConfig:
     qk_norm: bool = False
     rope_scaling: dict | None = None
     eos_token_ids: tuple[int, ...] = ()
+    gguf_path: Path | None = None  # the GGUF file the folder was converted from (its block formats can be kept)
 
     @classmethod
-    def from_folder(cls, path: str | os.PathLike) -> "ModelConfig":
+    def from_folder(cls, path: str | os.PathLike, gguf_path: str | os.PathLike | None = None) -> "ModelConfig":
         path = Path(path)
         config_file = path / "config.json"
         _require(config_file.is_file(), f"model: no config.json in '{path}'")
@@ -78,6 +80,7 @@ class ModelConfig:
             qk_norm=traits.qk_norm,
             rope_scaling=hf.get("rope_scaling"),
             eos_token_ids=eos_ids,
+            gguf_path=None if gguf_path is None else Path(gguf_path),
         )
 
 
@@ -121,6 +124,7 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False  # no CUDA graphs (they are used on CUDA only)
     speculative: Any = None  # eyas.spec.config.SpeculativeConfig, set by the speculative issue
+    quantization: str | None = None  # None, "gguf" or "int8" (see resolve_quantization)
 
     @property
     def max_positions(self) -> int:
@@ -144,6 +148,41 @@ class EngineConfig:
             return torch.bfloat16 if device.type == "cuda" else torch.float32
         _require(dtype in _DTYPES, f"dtype: '{dtype}' is not one of 'auto', {', '.join(map(repr, _DTYPES))}")
         return _DTYPES[dtype]
+
+    @staticmethod
+    def resolve_quantization(requested: str | None, model: ModelConfig, device: torch.device) -> tuple[str | None, str]:
+        """The weight format and why. ``"auto"``: a model loaded from a GGUF file keeps its block formats on a
+        CPU (as llama.cpp runs it) and is dequantized to the engine dtype on CUDA; an HF folder keeps the
+        engine dtype. ``"gguf"``, ``"int8"``: CPU only (eyas's own kernels). None: the engine dtype."""
+        from eyas.model.quantized import kernel_available  # lazy: config is imported by the model code
+        _require(requested in QUANTIZATIONS, f"quantization: {requested!r} is not one of "
+                 f"{', '.join(map(repr, QUANTIZATIONS))}")
+        from_gguf = model.gguf_path is not None
+        if requested in ("gguf", "int8"):
+            _require(device.type == "cpu", f"quantization: {requested!r} runs on the CPU (eyas's own kernels); on "
+                     f"CUDA use quantization='auto' or None (a GGUF is dequantized to the CUDA dtype at load)")
+            _require(requested != "gguf" or from_gguf, f"quantization: 'gguf' needs a model loaded from a .gguf "
+                     f"file, and {model.path} is a Hugging Face folder (use 'int8' or None)")
+            _require(kernel_available(), f"quantization: {requested!r} needs eyas's quantized CPU kernel, which "
+                     "could not be built (is a C compiler installed? set CC); use quantization=None")
+            return requested, "asked for"
+        if requested is None:
+            return None, "asked for"
+        if not from_gguf:
+            return None, "a Hugging Face folder runs in the engine dtype"
+        if device.type != "cpu":
+            return None, "a GGUF model is dequantized to the CUDA dtype at load"
+        if not kernel_available():
+            return None, ("eyas's quantized CPU kernel could not be built (no C compiler?), so the GGUF weights "
+                          "are dequantized to the engine dtype")
+        from eyas.model.gguf import matrix_formats
+        from eyas.model.quantized import FORMATS
+
+        unsupported = sorted(matrix_formats(model.gguf_path) - set(FORMATS) - {"F32"})
+        if unsupported:
+            return None, (f"the GGUF holds {', '.join(unsupported)}, which eyas's kernels do not compute with, so it "
+                          "is dequantized to the engine dtype")
+        return "gguf", "a GGUF model keeps its own block formats on the CPU, as llama.cpp runs it"
 
     @staticmethod
     def resolve_device(device: str | torch.device | None) -> torch.device:

@@ -12,18 +12,18 @@ import torch
 from eyas.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, max_model_len_for
 from eyas.engine.engine import Engine
 from eyas.engine.outputs import RequestOutput
-from eyas.model.resolve import resolve_model, sampling_defaults
+from eyas.model.resolve import gguf_file, resolve_model, sampling_defaults
 from eyas.model.tokenizer import Tokenizer
 from eyas.sampling.params import SamplingParams
 from eyas.spec.config import SpeculativeConfig
 from eyas.spec.speculator import speculators_redirect
 
+logger = logging.getLogger("eyas")
 Prompt = str | list[int]
 Conversation = list[dict]
 
 
 def _setup_logging() -> None:
-    logger = logging.getLogger("eyas")
     if not logger.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s eyas: %(message)s"))
@@ -40,7 +40,9 @@ class LLM:
     verification steps and drafters' draft steps replay captured graphs; CPU runs are always eager).
     ``attention_backend``: None picks ``"cpu"`` on a CPU (its C kernel is built on first use, about a
     second, and cached; ``"sdpa"`` where no C compiler is found) and ``"sdpa"`` on CUDA; ``"flex"``
-    is FlexAttention.
+    is FlexAttention. ``quantization``: ``"auto"`` keeps a GGUF model's block formats on a CPU
+    (``"gguf"``) and otherwise the engine dtype; ``"gguf"``, ``"int8"`` (per-output-channel int8 made at
+    load from any weights) or None (the engine dtype) ask for one; the choice is logged.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, dtype: str | torch.dtype = "auto",
@@ -48,7 +50,7 @@ class LLM:
                  max_num_batched_tokens: int = 2048, kv_cache_gb: float = 1.0, num_kv_blocks: int | None = None,
                  block_size: int = 16, enable_prefix_caching: bool = True, seed: int = 0,
                  speculative_config: dict | None = None, attention_backend: str | None = None,
-                 num_threads: int | None = None, enforce_eager: bool = False):
+                 num_threads: int | None = None, enforce_eager: bool = False, quantization: str | None = "auto"):
         _setup_logging()
         if num_threads is not None:
             if num_threads < 1:
@@ -64,9 +66,11 @@ class LLM:
                 raise ValueError(f"model: speculators drafter {model} names verifier {verifier!r}, which is not a "
                                  f"local model ({error})") from error
             speculative_config = speculative_config or drafter_config
-        model_config = ModelConfig.from_folder(path)
+        model_config = ModelConfig.from_folder(path, gguf_file(model if redirect is None else redirect[0]))
         dev = EngineConfig.resolve_device(device)
         max_len = max_model_len_for(model_config, max_model_len)
+        quantization, why = EngineConfig.resolve_quantization(quantization, model_config, dev)
+        logger.info("weights: %s (%s)", quantization or "engine dtype", why)
         config = EngineConfig(
             model=model_config,
             cache=CacheConfig(block_size, kv_cache_gb, num_kv_blocks, enable_prefix_caching),
@@ -75,6 +79,7 @@ class LLM:
             device=dev,
             seed=seed,
             enforce_eager=enforce_eager,
+            quantization=quantization,
             speculative=SpeculativeConfig.from_dict(speculative_config) if speculative_config else None,
         )
         self.tokenizer = Tokenizer.from_folder(path)

@@ -14,7 +14,7 @@ PARAMS = SamplingParams(temperature=0, max_tokens=NEW_TOKENS)
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    plain = LLM(None, dtype="float32", max_model_len=512, kv_cache_gb=0.1)
+    plain = LLM(None, dtype="float32", max_model_len=512, kv_cache_gb=0.1)  # the default: gguf weights
     tok = plain.get_tokenizer()
     from eyas.data.prompts import copy_prompts
 
@@ -22,7 +22,9 @@ def setup(tmp_path_factory):
                                ["What is the capital of France?", "Write a haiku about rain.",
                                 "Name three colours.", "Count from 1 to 10.", "hi"]]
     prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False)[-300:] for c in convs]
-    reference = [o.outputs[0].token_ids for o in plain.generate(prompts, PARAMS, use_tqdm=False)]
+    reference = {"gguf": [o.outputs[0].token_ids for o in plain.generate(prompts, PARAMS, use_tqdm=False)]}
+    int8 = LLM(None, dtype="float32", max_model_len=512, kv_cache_gb=0.1, quantization="int8")
+    reference["int8"] = [o.outputs[0].token_ids for o in int8.generate(prompts, PARAMS, use_tqdm=False)]
     # a smaller sibling with the same vocabulary: the default model's first 6 layers, saved as its own folder
     folder = plain.engine.config.model.path
     small = tmp_path_factory.mktemp("sibling")
@@ -37,14 +39,18 @@ def setup(tmp_path_factory):
     return prompts, reference, str(small)
 
 
-@pytest.mark.parametrize("method", ["ngram", "self_draft", "draft_model"])
-def test_real_model_speculative_greedy_is_identical(setup, method):
-    prompts, reference, sibling = setup
+@pytest.mark.parametrize("method,quantization", [("ngram", "gguf"), ("self_draft", "gguf"), ("draft_model", "gguf"),
+                                                 ("ngram", "int8"), ("self_draft", "int8")])
+def test_real_model_speculative_greedy_is_identical(setup, method, quantization):
+    """In the default model's own GGUF formats and in int8, batch 8 and 1, prefix-cached, preempted."""
+    prompts, references, sibling = setup
+    reference = references[quantization]
     config = {"ngram": {"method": "ngram", "num_speculative_tokens": 4},
               "self_draft": {"method": "draft_model", "num_speculative_tokens": 3, "draft_num_layers": 8},
               "draft_model": {"method": "draft_model", "num_speculative_tokens": 3, "model": sibling}}[method]
     config["draft_row_cost"] = 0.0  # every request of the batch of 8 verifies its drafts (not the CPU cost model)
-    llm = LLM(None, dtype="float32", max_model_len=512, kv_cache_gb=0.1, speculative_config=config)
+    llm = LLM(None, dtype="float32", max_model_len=512, kv_cache_gb=0.1, speculative_config=config,
+              quantization=quantization)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)] == reference  # batch 8
     assert llm.generate(prompts[:1], PARAMS, use_tqdm=False)[0].outputs[0].token_ids == reference[0]  # batch 1
     # again, now hitting the prefix cache for every prompt
@@ -53,5 +59,5 @@ def test_real_model_speculative_greedy_is_identical(setup, method):
     assert [o.outputs[0].token_ids for o in outs] == reference
     assert llm.stats()["num_accepted"] > 0
     tight = LLM(None, dtype="float32", max_model_len=384, num_kv_blocks=40, max_num_batched_tokens=64,
-                speculative_config=config)  # forced preemption
+                speculative_config=config, quantization=quantization)  # forced preemption
     assert [o.outputs[0].token_ids for o in tight.generate(prompts, PARAMS, use_tqdm=False)] == reference

@@ -172,6 +172,38 @@ def state_dict(reader: GGUFReader, config: dict) -> dict[str, torch.Tensor]:
     return out
 
 
+def matrix_formats(gguf_path: str | os.PathLike) -> set[str]:
+    """The formats of the GGUF's 2-D tensors (GGML type names, e.g. {"Q4_1", "Q8_0", "F32"})."""
+    return {t.tensor_type.name for t in GGUFReader(gguf_path).tensors if len(t.shape) == 2}
+
+
+def quantized_weights(gguf_path: str | os.PathLike, config: dict) -> dict[str, object]:
+    """The 2-D weights of a GGUF file in their own block formats: HF name -> ``QuantWeight`` (q/k rows
+    un-permuted for llama), each a view of the file's (copy-on-write) mapping until the caller copies
+    it. Float32 matrices are left to the float loader; any other format is refused, naming it and the
+    supported ones."""
+    from eyas.model.quantized import FORMATS, QuantWeight
+
+    reader = GGUFReader(gguf_path, mode="c")
+    permuted = config["model_type"] == "llama"
+    out = {}
+    for tensor in reader.tensors:
+        kind = tensor.tensor_type.name
+        if len(tensor.shape) != 2 or kind == "F32":
+            continue
+        if kind not in FORMATS:
+            raise ValueError(f"gguf: tensor {tensor.name!r} is in {kind}, which quantization='gguf' cannot compute "
+                             f"with; supported: {', '.join(f for f in FORMATS if f != 'I8_ROW')} (or load the model "
+                             f"with quantization=None to dequantize it)")
+        rows = torch.from_numpy(tensor.data.reshape(int(tensor.shape[1]), -1))  # [N, bytes] uint8
+        if permuted and ".attn_q." in tensor.name:
+            rows = _unpermute_rope_rows(rows, config["num_attention_heads"])
+        elif permuted and ".attn_k." in tensor.name:
+            rows = _unpermute_rope_rows(rows, config["num_key_value_heads"])
+        out[_hf_tensor_name(tensor.name)] = QuantWeight(rows, FORMATS[kind], int(tensor.shape[0]))
+    return out
+
+
 def _pre_tokenizer(pre: str):
     """(normalizer, pre_tokenizer) for a llama.cpp ``tokenizer.ggml.pre`` name."""
     if pre == "smollm":

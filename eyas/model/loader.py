@@ -1,4 +1,11 @@
-"""Build a model from an HF folder: config.json plus safetensors (single file or sharded with an index)."""
+"""Build a model from an HF folder: config.json plus safetensors (single file or sharded with an index).
+
+``quantization``: None keeps every weight in the engine dtype. ``"gguf"`` keeps the matrices of the
+GGUF file the folder was converted from in their own block formats (``QuantLinear``,
+``QuantEmbedding``); only the norms and biases come from the folder, and no float copy of a
+quantized matrix is ever made. ``"int8"`` replaces every ``Linear`` of the loaded model with
+per-output-channel int8 (the embedding stays in the engine dtype).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,8 @@ import torch
 from safetensors import safe_open
 
 from eyas.config import ModelConfig
-from eyas.model.layers import RotaryEmbedding
+from eyas.model.layers import Linear, RotaryEmbedding
+from eyas.model.quantized import QuantEmbedding, QuantLinear, QuantWeight, quantize_int8
 from eyas.model.registry import model_class
 
 
@@ -25,10 +33,11 @@ def safetensors_files(folder: Path) -> list[Path]:
 
 
 def load_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int,
-               aux_layer_ids: tuple[int, ...] = ()) -> torch.nn.Module:
+               aux_layer_ids: tuple[int, ...] = (), quantization: str | None = None) -> torch.nn.Module:
     """Instantiate the architecture and fill every parameter; a missing tensor is an error."""
     with torch.device("meta"):
         model = model_class(cfg.architecture)(cfg, max_positions, aux_layer_ids)
+    quantized = _install_gguf_weights(model, cfg, dtype) if quantization == "gguf" else set()
     model.to_empty(device=device)
     model.tie_weights()
     model.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling).to(device)
@@ -42,6 +51,8 @@ def load_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_p
                 if target is None:
                     continue
                 name, shard, count = target
+                if name in quantized:
+                    continue
                 if name not in params:
                     raise ValueError(f"model: unexpected tensor '{hf_name}' in {file}")
                 tensor = f.get_tensor(hf_name)
@@ -57,7 +68,52 @@ def load_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_p
     missing = sorted(set(params) - loaded - ({"lm_head.weight"} if cfg.tie_word_embeddings else set()))
     if missing:
         raise ValueError(f"model: {len(missing)} weights missing from '{cfg.path}', e.g. {missing[:3]}")
-    return model.to(dtype).eval()
+    model = model.to(dtype).eval()
+    if quantization == "int8":
+        _install_int8(model)
+    return model
+
+
+def _install_gguf_weights(model: torch.nn.Module, cfg: ModelConfig, dtype: torch.dtype) -> set[str]:
+    """Swap in quantized modules for the GGUF's block-format matrices; returns the parameter names they
+    replace (the float loader skips them)."""
+    source = cfg.gguf_path
+    if source is None:
+        raise ValueError(f"quantization: 'gguf' needs a model loaded from a .gguf file; {cfg.path} is a Hugging "
+                         "Face folder (use quantization='int8' or None)")
+    from eyas.model.gguf import quantized_weights
+
+    shards: dict[str, dict[int, object]] = {}
+    counts: dict[str, int] = {}
+    for hf_name, weight in quantized_weights(source, json.loads((cfg.path / "config.json").read_text())).items():
+        target = model.load_name(hf_name)
+        if target is None:
+            continue
+        name, shard, count = target
+        shards.setdefault(name, {})[shard or 0] = weight
+        counts[name] = count
+    for name, parts in shards.items():
+        if len(parts) != counts[name]:
+            raise ValueError(f"gguf: {source} has {len(parts)} of the {counts[name]} parts of {name} in a block format")
+        path = name.removesuffix(".weight")
+        module = model.get_submodule(path)
+        ordered = [parts[i] for i in range(counts[name])]
+        if isinstance(module, torch.nn.Embedding):
+            model.set_submodule(path, QuantEmbedding(QuantWeight.cat(ordered), dtype))
+        else:
+            model.set_submodule(path, QuantLinear.stacked(ordered, module.bias))
+    if cfg.tie_word_embeddings and isinstance(model.embed_tokens, QuantEmbedding):
+        model.lm_head = QuantLinear([model.embed_tokens.weight_q])
+        shards["lm_head.weight"] = {}
+    return set(shards)
+
+
+def _install_int8(model: torch.nn.Module) -> None:
+    """Every ``Linear`` becomes per-output-channel int8 (a tied head gets its own int8 copy)."""
+    for path, module in list(model.named_modules()):
+        if isinstance(module, Linear):
+            bias = None if module.bias is None else module.bias.detach()
+            model.set_submodule(path, QuantLinear([quantize_int8(module.weight)], bias))
 
 
 def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str, file: Path) -> None:

@@ -81,6 +81,14 @@ def converted_gguf_folder(gguf_path: str | os.PathLike) -> Path:
     return convert_gguf(gguf_path, folder, source_info=info)
 
 
+def gguf_file(model: str | os.PathLike | None) -> Path | None:
+    """The GGUF file behind the ``model`` argument (the built-in default or a ``.gguf`` path), else None."""
+    if model is None or model == DEFAULT_MODEL:
+        return default_gguf_path()
+    path = Path(model).expanduser()
+    return path if path.is_file() and path.suffix.lower() == ".gguf" else None
+
+
 def resolve_model(model: str | os.PathLike | None = None) -> Path:
     """An HF model folder (config.json, model.safetensors, tokenizer files) for ``model``."""
     if model is None or model == DEFAULT_MODEL:

@@ -57,7 +57,8 @@ class ModelRunner:
         self.config = config
         self.device = config.device
         spec = config.speculative
-        self.model = load_model(config.model, config.dtype, config.device, config.max_positions)
+        self.model = load_model(config.model, config.dtype, config.device, config.max_positions,
+                                quantization=config.quantization)
         self.backend = get_backend(attention_backend or default_backend(config.device))
         self.sampler = Sampler()
         self.block_size = config.cache.block_size

@@ -1,0 +1,214 @@
+"""Weights kept in compact block formats on the CPU, computed with eyas's own kernel.
+
+A ``QuantWeight`` is an ``[N, K]`` matrix held as ``N`` rows of its format's bytes: the GGUF block
+layouts for GGML types (the file's bytes, unchanged) and ``I8_ROW``, per-output-channel int8 made
+at load time. ``QuantLinear`` and ``QuantEmbedding`` stand in for ``Linear`` and ``nn.Embedding``;
+activations stay float32 (a bfloat16 input is widened, the output rounded back).
+
+The products run in ``eyas/kernels/quant_gemm.c``, built for the best instruction set the CPU has
+(``eyas.kernels.cpu_isa``): every output is summed in one fixed order, so a row's result does not
+depend on the batch, the thread count or the instruction set.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    type_id: int  # GGML's type number; I8_ROW is eyas's own
+    block_size: int  # weights per block
+    block_bytes: int
+
+
+FORMATS = {f.name: f for f in (
+    Format("F16", 1, 1, 2), Format("BF16", 30, 1, 2),
+    Format("Q4_0", 2, 32, 18), Format("Q4_1", 3, 32, 20), Format("Q8_0", 8, 32, 34),
+    Format("Q4_K", 12, 256, 144), Format("Q5_K", 13, 256, 176), Format("Q6_K", 14, 256, 210),
+    Format("I8_ROW", 1000, 1, 1),
+)}
+KERNEL_ALIGN = 32  # rows are decoded 32 weights at a time
+
+
+@dataclass
+class QuantWeight:
+    """An [N, K] weight: ``data`` [N, row_bytes] uint8 in ``fmt``; ``scale`` [N] float32 for I8_ROW."""
+
+    data: torch.Tensor
+    fmt: Format
+    in_features: int
+    scale: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.in_features % max(self.fmt.block_size, KERNEL_ALIGN) != 0:
+            raise ValueError(f"quantization: a {self.fmt.name} row of {self.in_features} weights is not a whole "
+                             f"number of {max(self.fmt.block_size, KERNEL_ALIGN)}-weight blocks")
+        assert self.data.dtype == torch.uint8 and self.data.shape[1] == self.row_bytes, (self.data.shape, self.fmt)
+
+    @property
+    def out_features(self) -> int:
+        return self.data.shape[0]  # [N, row_bytes]
+
+    @property
+    def row_bytes(self) -> int:
+        return self.in_features // self.fmt.block_size * self.fmt.block_bytes
+
+    def rows(self, start: int, stop: int) -> QuantWeight:
+        """Output rows [start, stop) (a view)."""
+        scale = None if self.scale is None else self.scale[start:stop]
+        return QuantWeight(self.data[start:stop], self.fmt, self.in_features, scale)
+
+    @staticmethod
+    def cat(parts: list[QuantWeight]) -> QuantWeight:
+        """Parts of one format stacked along the output rows (a fused q/k/v or gate/up weight), copied."""
+        assert len({(p.fmt, p.in_features) for p in parts}) == 1
+        scale = None if parts[0].scale is None else torch.cat([p.scale for p in parts])
+        return QuantWeight(torch.cat([p.data for p in parts]), parts[0].fmt, parts[0].in_features, scale)
+
+
+def quantize_int8(weight: torch.Tensor) -> QuantWeight:
+    """Per-output-channel symmetric int8: scale = max|w| / 127 per row, q = round(w / scale)."""
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1) / 127
+    q = torch.round(w / torch.where(scale == 0, 1.0, scale)[:, None]).clamp_(-127, 127).to(torch.int8)
+    return QuantWeight(q.view(torch.uint8).contiguous(), FORMATS["I8_ROW"], w.shape[1], scale.contiguous())
+
+
+@functools.cache
+def _kernel(isa: str) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr] | None:
+    from eyas import kernels
+
+    ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    gemm = kernels.entry("quant_gemm", ptr, i64, ptr, i32, ptr, ptr, i64, i64, i64, i64, i32, isa=isa)
+    rows = kernels.entry("quant_gemm", ptr, i32, ptr, ptr, i64, i64, ptr, i32, function="quant_rows", isa=isa)
+    return None if gemm is None else (gemm, rows)
+
+
+def kernel_available() -> bool:
+    """Whether the quantized kernel builds here (a C compiler is needed)."""
+    from eyas.kernels import cpu_isa
+
+    return _kernel(cpu_isa()) is not None
+
+
+def _entries():
+    from eyas.kernels import cpu_isa
+
+    found = _kernel(cpu_isa())
+    if found is None:
+        raise RuntimeError("quantization: eyas's quantized CPU kernel could not be built (no C compiler?); "
+                           "load the model with quantization=None")
+    return found
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def matmul(x: torch.Tensor, weight: QuantWeight, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] float32 @ weight^T -> [M, N] float32; ``out`` may be a column slice of a wider matrix."""
+    assert x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1 and x.shape[1] == weight.in_features
+    assert weight.data.is_contiguous()
+    if out is None:
+        out = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
+    gemm, _ = _entries()
+    status = gemm(x.data_ptr(), x.stride(0), weight.data.data_ptr(), weight.fmt.type_id, _ptr(weight.scale),
+                  out.data_ptr(), out.stride(0), x.shape[0], weight.out_features, weight.in_features,
+                  torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"quant_gemm failed on a {weight.fmt.name} weight of shape "
+                           f"[{weight.out_features}, {weight.in_features}]")
+    return out
+
+
+def dequantize_rows(weight: QuantWeight, rows: torch.Tensor) -> torch.Tensor:
+    """The float32 rows ``rows`` [R] (int64) of the weight -> [R, K]."""
+    rows = rows.to(torch.int64).contiguous()
+    if rows.numel() and not 0 <= int(rows.min()) <= int(rows.max()) < weight.out_features:
+        raise IndexError(f"row index out of range [0, {weight.out_features})")
+    out = torch.empty(rows.numel(), weight.in_features, dtype=torch.float32)
+    _, gather = _entries()
+    status = gather(weight.data.data_ptr(), weight.fmt.type_id, _ptr(weight.scale), rows.data_ptr(), rows.numel(),
+                    weight.in_features, out.data_ptr(), torch.get_num_threads())
+    assert status == 0
+    return out
+
+
+def dequantize(weight: QuantWeight) -> torch.Tensor:
+    """The whole weight in float32, [N, K]."""
+    return dequantize_rows(weight, torch.arange(weight.out_features))
+
+
+class QuantLinear(nn.Module):
+    """``Linear`` over one or more ``QuantWeight`` parts stacked along the output (a fused q/k/v whose
+    parts differ in format takes one kernel call per part, into its columns of the output)."""
+
+    def __init__(self, parts: list[QuantWeight], bias: torch.Tensor | None = None):
+        super().__init__()
+        self.parts = parts
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        # the kernel call of each part, resolved once: a decode step makes over a hundred of them
+        self._gemm = _entries()[0]
+        self._calls, column = [], 0
+        for p in parts:
+            assert p.data.is_contiguous()
+            self._calls.append((p.data.data_ptr(), p.fmt.type_id, _ptr(p.scale), column, p.out_features))
+            column += p.out_features
+
+    @classmethod
+    def stacked(cls, parts: list[QuantWeight], bias: torch.Tensor | None = None) -> QuantLinear:
+        """Runs of parts in one format are copied into one weight each (one kernel call per run); the
+        result owns its bytes (nothing refers to the parts' storage, e.g. a file mapping)."""
+        runs: list[list[QuantWeight]] = []
+        for part in parts:
+            if runs and runs[-1][0].fmt == part.fmt:
+                runs[-1].append(part)
+            else:
+                runs.append([part])
+        return cls([QuantWeight.cat(run) for run in runs], bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        plain = x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()
+        x2 = x if plain else x.reshape(-1, x.shape[-1]).float().contiguous()  # [M, K]
+        rows, k = x2.shape
+        if k != self.in_features:
+            raise ValueError(f"QuantLinear: input has {k} features, expected {self.in_features}")
+        out = torch.empty(rows, self.out_features, dtype=torch.float32)  # [M, N]
+        x_ptr, out_ptr, threads = x2.data_ptr(), out.data_ptr(), torch.get_num_threads()
+        for w_ptr, type_id, scale_ptr, column, n in self._calls:
+            if self._gemm(x_ptr, k, w_ptr, type_id, scale_ptr, out_ptr + 4 * column, self.out_features, rows, n, k,
+                          threads):
+                raise RuntimeError(f"quant_gemm failed on {self.extra_repr()}")
+        if self.bias is not None:
+            out += self.bias
+        return out if plain else out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        formats = "+".join(p.fmt.name for p in self.parts)
+        return f"in_features={self.in_features}, out_features={self.out_features}, format={formats}"
+
+
+class QuantEmbedding(nn.Module):
+    """``nn.Embedding`` whose table is a ``QuantWeight``; rows are dequantized as they are looked up."""
+
+    def __init__(self, weight: QuantWeight, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.weight_q = weight
+        self.num_embeddings, self.embedding_dim = weight.out_features, weight.in_features
+        self.dtype = dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = dequantize_rows(self.weight_q, ids.reshape(-1))
+        return out.to(self.dtype).reshape(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, format={self.weight_q.fmt.name}"

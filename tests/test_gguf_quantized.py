@@ -1,0 +1,208 @@
+"""Loading a GGUF in its own block formats (quantization='gguf') and in int8: the weights the kernels
+compute with are exactly the gguf package's dequantization, and the model's logits match the float path."""
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType
+
+from eyas import LLM, SamplingParams
+from eyas.config import EngineConfig, ModelConfig
+from eyas.model import quantized as Q
+from eyas.model.gguf import convert_gguf
+from eyas.model.loader import load_model
+from test_gguf import TINY_MERGES, TINY_SPECIALS, TINY_TEMPLATE, TINY_TOKENS
+from test_quant_kernels import random_weight
+
+pytestmark = pytest.mark.skipif(not Q.kernel_available(), reason="no C compiler: the quantized kernel cannot be built")
+
+HIDDEN, FFN, N_HEAD, N_KV, HEAD_DIM = 256, 512, 4, 2, 64
+# q and k differ in format, so the fused qkv weight takes one kernel call per run of one format
+LAYER_FORMATS = {"attn_q": "Q4_K", "attn_k": "Q5_K", "attn_v": "Q5_K", "attn_output": "Q6_K",
+                 "ffn_gate": "Q4_1", "ffn_up": "Q4_1", "ffn_down": "Q4_0"}
+
+
+def write_quantized_gguf(path, tied=True, embed_format="Q8_0", arch="llama"):
+    """A 2-layer random llama GGUF whose matrices are in the block formats eyas computes with."""
+    vocab = len(TINY_TOKENS)
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value in [("block_count", 2), ("context_length", 256), ("embedding_length", HIDDEN),
+                       ("feed_forward_length", FFN), ("head_count", N_HEAD), ("head_count_kv", N_KV),
+                       ("key_length", HEAD_DIM), ("value_length", HEAD_DIM), ("vocab_size", vocab)]:
+        getattr(w, f"add_{key}")(value)
+    w.add_rope_freq_base(1e4)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(TINY_TOKENS)
+    w.add_token_types([3] * len(TINY_SPECIALS) + [1] * (vocab - len(TINY_SPECIALS)))
+    w.add_token_merges(TINY_MERGES)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_chat_template(TINY_TEMPLATE)
+    seed = iter(range(1000))
+
+    def add(name, fmt, n, k):
+        if fmt == "F32":
+            w.add_tensor(name, np.random.default_rng(next(seed)).standard_normal((n, k)).astype(np.float32))
+            return
+        data = random_weight(fmt, n, k, seed=next(seed))[0].data.numpy()
+        w.add_tensor(name, data, raw_dtype=GGMLQuantizationType[fmt])
+
+    def norm(name):
+        w.add_tensor(name, (1 + 0.1 * np.random.default_rng(next(seed)).standard_normal(HIDDEN)).astype(np.float32))
+
+    add("token_embd.weight", embed_format, vocab, HIDDEN)
+    norm("output_norm.weight")
+    if not tied:
+        add("output.weight", "Q6_K", vocab, HIDDEN)
+    shapes = {"attn_q": (N_HEAD * HEAD_DIM, HIDDEN), "attn_k": (N_KV * HEAD_DIM, HIDDEN),
+              "attn_v": (N_KV * HEAD_DIM, HIDDEN), "attn_output": (HIDDEN, N_HEAD * HEAD_DIM),
+              "ffn_gate": (FFN, HIDDEN), "ffn_up": (FFN, HIDDEN), "ffn_down": (HIDDEN, FFN)}
+    for i in range(2):
+        norm(f"blk.{i}.attn_norm.weight")
+        norm(f"blk.{i}.ffn_norm.weight")
+        for kind, fmt in LAYER_FORMATS.items():
+            add(f"blk.{i}.{kind}.weight", fmt, *shapes[kind])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _dense(module) -> torch.Tensor:
+    """The float32 weight a Linear or QuantLinear computes with."""
+    if isinstance(module, Q.QuantLinear):
+        return torch.cat([Q.dequantize(p) for p in module.parts])
+    return module.weight.detach()
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_every_matrix_equals_gguf_dequantization(tmp_path, tied):
+    path = write_quantized_gguf(tmp_path / "q.gguf", tied=tied)
+    cfg = ModelConfig.from_folder(convert_gguf(path, tmp_path / "hf"), path)  # the converter dequantizes with gguf
+    plain = load_model(cfg, torch.float32, torch.device("cpu"), 256)
+    quant = load_model(cfg, torch.float32, torch.device("cpu"), 256, quantization="gguf")
+    linears = [n for n, m in quant.named_modules() if isinstance(m, Q.QuantLinear)]
+    assert len(linears) == 2 * 4 + 1
+    for name in linears:
+        assert torch.equal(_dense(quant.get_submodule(name)), _dense(plain.get_submodule(name))), name
+    qkv = quant.layers[0].self_attn.qkv_proj
+    assert [p.fmt.name for p in qkv.parts] == ["Q4_K", "Q5_K"]  # q alone, then k and v fused in one run
+    assert isinstance(quant.embed_tokens, Q.QuantEmbedding)
+    assert torch.equal(Q.dequantize(quant.embed_tokens.weight_q), plain.embed_tokens.weight.detach())
+    assert (quant.lm_head.parts[0] is quant.embed_tokens.weight_q) is tied
+    assert not any(p.dtype == torch.float32 and p.dim() == 2 for p in quant.parameters())  # no float matrices
+
+
+
+@pytest.mark.parametrize("mode", ["gguf", "int8"])
+def test_logits_match_transformers_on_the_same_weights(tmp_path, mode):
+    """HF transformers on the dequantized folder (gguf mode: the same weights; int8: the int8 weights
+    dequantized) against eyas's prefill and decode logits."""
+    import transformers
+    from test_model_vs_hf import _eyas_logits_by_chunks
+
+    path = write_quantized_gguf(tmp_path / "q.gguf", tied=False)
+    folder = convert_gguf(path, tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    llm = LLM(str(path), quantization=mode, max_model_len=256, kv_cache_gb=0.05, max_num_batched_tokens=64)
+    if mode == "int8":
+        with torch.no_grad():
+            for name, module in llm.engine.runner.model.named_modules():
+                if isinstance(module, Q.QuantLinear):
+                    dense = Q.dequantize(module.parts[0])
+                    if name == "lm_head":
+                        hf.lm_head.weight.copy_(dense)
+                        continue
+                    if name.endswith("qkv_proj"):  # fused in eyas: split back into HF's parts
+                        q, k, v = dense.split([N_HEAD * HEAD_DIM, N_KV * HEAD_DIM, N_KV * HEAD_DIM])
+                        layer = hf.model.get_submodule(name.removesuffix(".qkv_proj"))
+                        layer.q_proj.weight.copy_(q), layer.k_proj.weight.copy_(k), layer.v_proj.weight.copy_(v)
+                    elif name.endswith("gate_up_proj"):
+                        gate, up = dense.chunk(2)
+                        layer = hf.model.get_submodule(name.removesuffix(".gate_up_proj"))
+                        layer.gate_proj.weight.copy_(gate), layer.up_proj.weight.copy_(up)
+                    else:
+                        hf.model.get_submodule(name).weight.copy_(dense)
+    tokens = torch.randint(3, len(TINY_TOKENS), (150,), generator=torch.Generator().manual_seed(0)).tolist()
+    with torch.no_grad():
+        ref = hf(torch.tensor([tokens])).logits[0]
+    got = _eyas_logits_by_chunks(llm, tokens)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_int8_keeps_each_row_within_half_a_step(tmp_path):
+    path = write_quantized_gguf(tmp_path / "q.gguf")
+    cfg = ModelConfig.from_folder(convert_gguf(path, tmp_path / "hf"), path)
+    plain = load_model(cfg, torch.float32, torch.device("cpu"), 256)
+    int8 = load_model(cfg, torch.float32, torch.device("cpu"), 256, quantization="int8")
+    for name, module in int8.named_modules():
+        if isinstance(module, Q.QuantLinear):
+            (part,) = module.parts
+            assert part.fmt.name == "I8_ROW"
+            err = (Q.dequantize(part) - _dense(plain.get_submodule(name))).abs().max(dim=1).values
+            assert (err <= part.scale * (0.5 + 1e-4)).all(), name  # + the rounding of q * scale
+    assert isinstance(int8.embed_tokens, torch.nn.Embedding)  # the lookup table stays in the engine dtype
+
+
+def test_unsupported_block_format_is_refused_by_name(tmp_path):
+    path = tmp_path / "q5.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("token_embd.weight", np.zeros((4, 22 * 8), np.uint8), raw_dtype=GGMLQuantizationType.Q5_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    from eyas.model.gguf import quantized_weights
+
+    with pytest.raises(ValueError, match=r"is in Q5_0, .*supported: F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K"):
+        quantized_weights(path, {"model_type": "llama"})
+
+
+def test_quantization_choice(tmp_path):
+    path = write_quantized_gguf(tmp_path / "q.gguf")
+    gguf_cfg = ModelConfig.from_folder(convert_gguf(path, tmp_path / "hf"), path)
+    cpu = torch.device("cpu")
+    assert EngineConfig.resolve_quantization("auto", gguf_cfg, cpu)[0] == "gguf"
+    assert EngineConfig.resolve_quantization(None, gguf_cfg, cpu)[0] is None
+    hf_cfg = ModelConfig.from_folder(tmp_path / "hf")  # the same folder, not known to come from a GGUF
+    assert EngineConfig.resolve_quantization("auto", hf_cfg, cpu) == (None, "a Hugging Face folder runs in the engine dtype")
+    assert EngineConfig.resolve_quantization("int8", hf_cfg, cpu)[0] == "int8"
+    with pytest.raises(ValueError, match="'gguf' needs a model loaded from a .gguf file"):
+        EngineConfig.resolve_quantization("gguf", hf_cfg, cpu)
+    with pytest.raises(ValueError, match="quantization: 'q3' is not one of"):
+        EngineConfig.resolve_quantization("q3", hf_cfg, cpu)
+    with pytest.raises(ValueError, match="runs on the CPU"):
+        EngineConfig.resolve_quantization("int8", hf_cfg, torch.device("cuda"))
+
+
+def test_without_a_compiler_auto_falls_back_and_gguf_is_refused(tmp_path, monkeypatch):
+    from eyas import kernels
+
+    path = write_quantized_gguf(tmp_path / "q.gguf")
+    cfg = ModelConfig.from_folder(convert_gguf(path, tmp_path / "hf"), path)
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    kernels.load.cache_clear()
+    Q._kernel.cache_clear()
+    try:
+        choice, why = EngineConfig.resolve_quantization("auto", cfg, torch.device("cpu"))
+        assert choice is None and "could not be built" in why
+        with pytest.raises(ValueError, match="needs eyas's quantized CPU kernel, which could not be built"):
+            EngineConfig.resolve_quantization("gguf", cfg, torch.device("cpu"))
+    finally:
+        kernels.load.cache_clear()
+        Q._kernel.cache_clear()
+
+
+def test_generation_in_gguf_mode_is_greedy_identical_with_speculation(tmp_path):
+    path = write_quantized_gguf(tmp_path / "q.gguf")
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = [[5, 60, 61, 200, 7, 9, 60, 61, 200], [100, 101, 102, 100, 101, 102, 100, 101]]
+    plain = LLM(str(path), quantization="gguf", kv_cache_gb=0.05, max_model_len=256)
+    reference = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
+    spec = LLM(str(path), quantization="gguf", kv_cache_gb=0.05, max_model_len=256,
+               speculative_config={"method": "ngram", "num_speculative_tokens": 3, "draft_row_cost": 0.0})
+    assert [o.outputs[0].token_ids for o in spec.generate(prompts, params, use_tqdm=False)] == reference
