@@ -178,7 +178,7 @@ class EngineConfig:
         from eyas.model.gguf import matrix_formats
         from eyas.model.quantized import FORMATS
 
-        unsupported = sorted(matrix_formats(model.gguf_path) - set(FORMATS) - {"F32"})
+        unsupported = sorted(matrix_formats(model.path) - set(FORMATS) - {"F32"})
         if unsupported:
             return None, (f"the GGUF holds {', '.join(unsupported)}, which eyas's kernels do not compute with, so it "
                           "is dequantized to the engine dtype")

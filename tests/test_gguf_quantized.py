@@ -47,7 +47,11 @@ def write_quantized_gguf(path, tied=True, embed_format="Q8_0", arch="llama"):
         if fmt == "F32":
             w.add_tensor(name, np.random.default_rng(next(seed)).standard_normal((n, k)).astype(np.float32))
             return
-        data = random_weight(fmt, n, k, seed=next(seed))[0].data.numpy()
+        if fmt in Q.FORMATS:
+            data = random_weight(fmt, n, k, seed=next(seed))[0].data.numpy()
+        else:  # a format eyas does not compute with: gguf's own quantizer makes it
+            values = np.random.default_rng(next(seed)).standard_normal((n, k)).astype(np.float32) * 0.05
+            data = gguf.quants.quantize(values, GGMLQuantizationType[fmt])
         w.add_tensor(name, data, raw_dtype=GGMLQuantizationType[fmt])
 
     def norm(name):
@@ -150,16 +154,14 @@ def test_int8_keeps_each_row_within_half_a_step(tmp_path):
 
 def test_unsupported_block_format_is_refused_by_name(tmp_path):
     path = tmp_path / "q5.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_tensor("token_embd.weight", np.zeros((4, 22 * 8), np.uint8), raw_dtype=GGMLQuantizationType.Q5_0)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_quantized_gguf(path, embed_format="Q5_0")
+    folder = convert_gguf(path, tmp_path / "hf")  # the converter dequantizes any format gguf knows
     from eyas.model.gguf import quantized_weights
 
     with pytest.raises(ValueError, match=r"is in Q5_0, .*supported: F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K"):
-        quantized_weights(path, {"model_type": "llama"})
+        quantized_weights(path, folder)
+    choice, why = EngineConfig.resolve_quantization("auto", ModelConfig.from_folder(folder, path), torch.device("cpu"))
+    assert choice is None and "holds Q5_0" in why
 
 
 def test_quantization_choice(tmp_path):

@@ -172,35 +172,50 @@ def state_dict(reader: GGUFReader, config: dict) -> dict[str, torch.Tensor]:
     return out
 
 
-def matrix_formats(gguf_path: str | os.PathLike) -> set[str]:
-    """The formats of the GGUF's 2-D tensors (GGML type names, e.g. {"Q4_1", "Q8_0", "F32"})."""
-    return {t.tensor_type.name for t in GGUFReader(gguf_path).tensors if len(t.shape) == 2}
+def tensor_table(reader: GGUFReader) -> list[dict]:
+    """Where each matrix lives in the file: name, GGML type name, torch shape [N, K] and byte offset. Kept
+    in the converted folder, so the weights can later be mapped without parsing the GGUF's metadata
+    again (GGUFReader builds an object per vocabulary entry, tens of MB of heap)."""
+    return [{"name": t.name, "type": t.tensor_type.name, "shape": [int(t.shape[1]), int(t.shape[0])],
+             "offset": int(t.data_offset)} for t in reader.tensors if len(t.shape) == 2]
 
 
-def quantized_weights(gguf_path: str | os.PathLike, config: dict) -> dict[str, object]:
-    """The 2-D weights of a GGUF file in their own block formats: HF name -> ``QuantWeight`` (q/k rows
-    un-permuted for llama), each a view of the file's (copy-on-write) mapping until the caller copies
+def read_tensor_table(folder: Path) -> list[dict]:
+    return json.loads((Path(folder) / MARKER_FILE).read_text())["tensors"]
+
+
+def matrix_formats(folder: Path) -> set[str]:
+    """The formats of the GGUF's matrices (GGML type names, e.g. {"Q4_1", "Q8_0"}), from its converted folder."""
+    return {t["type"] for t in read_tensor_table(folder)}
+
+
+def quantized_weights(gguf_path: str | os.PathLike, folder: Path) -> dict[str, object]:
+    """The matrices of a GGUF file in their own block formats: HF name -> ``QuantWeight`` (q/k rows
+    un-permuted for llama), each a view of the file's copy-on-write mapping until the caller copies
     it. Float32 matrices are left to the float loader; any other format is refused, naming it and the
-    supported ones."""
+    supported ones. ``folder``: the file's converted folder (its tensor table and config)."""
     from eyas.model.quantized import FORMATS, QuantWeight
 
-    reader = GGUFReader(gguf_path, mode="c")
+    config = json.loads((Path(folder) / "config.json").read_text())
+    mapped = np.memmap(gguf_path, dtype=np.uint8, mode="c")
     permuted = config["model_type"] == "llama"
     out = {}
-    for tensor in reader.tensors:
-        kind = tensor.tensor_type.name
-        if len(tensor.shape) != 2 or kind == "F32":
+    for entry in read_tensor_table(folder):
+        kind, (n, k) = entry["type"], entry["shape"]
+        if kind == "F32":
             continue
         if kind not in FORMATS:
-            raise ValueError(f"gguf: tensor {tensor.name!r} is in {kind}, which quantization='gguf' cannot compute "
+            raise ValueError(f"gguf: tensor {entry['name']!r} is in {kind}, which quantization='gguf' cannot compute "
                              f"with; supported: {', '.join(f for f in FORMATS if f != 'I8_ROW')} (or load the model "
                              f"with quantization=None to dequantize it)")
-        rows = torch.from_numpy(tensor.data.reshape(int(tensor.shape[1]), -1))  # [N, bytes] uint8
-        if permuted and ".attn_q." in tensor.name:
+        fmt = FORMATS[kind]
+        row_bytes = k // fmt.block_size * fmt.block_bytes
+        rows = torch.from_numpy(mapped[entry["offset"]:entry["offset"] + n * row_bytes].reshape(n, row_bytes))
+        if permuted and ".attn_q." in entry["name"]:
             rows = _unpermute_rope_rows(rows, config["num_attention_heads"])
-        elif permuted and ".attn_k." in tensor.name:
+        elif permuted and ".attn_k." in entry["name"]:
             rows = _unpermute_rope_rows(rows, config["num_key_value_heads"])
-        out[_hf_tensor_name(tensor.name)] = QuantWeight(rows, FORMATS[kind], int(tensor.shape[0]))
+        out[_hf_tensor_name(entry["name"])] = QuantWeight(rows, fmt, k)
     return out
 
 
@@ -304,7 +319,7 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, sourc
         _write_json(tmp / "tokenizer_config.json", tokenizer_config(meta, config))
         generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
         _write_json(tmp / "generation_config.json", generation)
-        _write_json(tmp / MARKER_FILE, {"source": str(gguf_path), **(source_info or {})})
+        _write_json(tmp / MARKER_FILE, {"source": str(gguf_path), **(source_info or {}), "tensors": tensor_table(reader)})
         for file in tmp.iterdir():
             file.chmod(0o644)
         tmp.chmod(0o755)  # mkdtemp creates it private

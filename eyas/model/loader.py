@@ -17,7 +17,7 @@ from safetensors import safe_open
 
 from eyas.config import ModelConfig
 from eyas.model.layers import Linear, RotaryEmbedding
-from eyas.model.quantized import QuantEmbedding, QuantLinear, QuantWeight, quantize_int8
+from eyas.model.quantized import Arena, QuantEmbedding, QuantLinear, QuantWeight, quantize_int8
 from eyas.model.registry import model_class
 
 
@@ -85,7 +85,7 @@ def _install_gguf_weights(model: torch.nn.Module, cfg: ModelConfig, dtype: torch
 
     shards: dict[str, dict[int, object]] = {}
     counts: dict[str, int] = {}
-    for hf_name, weight in quantized_weights(source, json.loads((cfg.path / "config.json").read_text())).items():
+    for hf_name, weight in quantized_weights(source, cfg.path).items():
         target = model.load_name(hf_name)
         if target is None:
             continue
@@ -95,13 +95,15 @@ def _install_gguf_weights(model: torch.nn.Module, cfg: ModelConfig, dtype: torch
     for name, parts in shards.items():
         if len(parts) != counts[name]:
             raise ValueError(f"gguf: {source} has {len(parts)} of the {counts[name]} parts of {name} in a block format")
+    arena = Arena(sum(w.data.numel() for parts in shards.values() for w in parts.values()))
+    for name, parts in shards.items():
         path = name.removesuffix(".weight")
         module = model.get_submodule(path)
         ordered = [parts[i] for i in range(counts[name])]
         if isinstance(module, torch.nn.Embedding):
-            model.set_submodule(path, QuantEmbedding(QuantWeight.cat(ordered), dtype))
+            model.set_submodule(path, QuantEmbedding(QuantWeight.cat(ordered, arena), dtype))
         else:
-            model.set_submodule(path, QuantLinear.stacked(ordered, module.bias))
+            model.set_submodule(path, QuantLinear.stacked(ordered, module.bias, arena))
     if cfg.tie_word_embeddings and isinstance(model.embed_tokens, QuantEmbedding):
         model.lm_head = QuantLinear([model.embed_tokens.weight_q])
         shards["lm_head.weight"] = {}

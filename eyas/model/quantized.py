@@ -66,11 +66,29 @@ class QuantWeight:
         return QuantWeight(self.data[start:stop], self.fmt, self.in_features, scale)
 
     @staticmethod
-    def cat(parts: list[QuantWeight]) -> QuantWeight:
-        """Parts of one format stacked along the output rows (a fused q/k/v or gate/up weight), copied."""
+    def cat(parts: list[QuantWeight], arena: Arena | None = None) -> QuantWeight:
+        """Parts of one format stacked along the output rows (a fused q/k/v or gate/up weight), copied
+        (into ``arena`` when given)."""
         assert len({(p.fmt, p.in_features) for p in parts}) == 1
         scale = None if parts[0].scale is None else torch.cat([p.scale for p in parts])
-        return QuantWeight(torch.cat([p.data for p in parts]), parts[0].fmt, parts[0].in_features, scale)
+        rows = sum(p.out_features for p in parts)
+        out = None if arena is None else arena.take(rows, parts[0].row_bytes)
+        return QuantWeight(torch.cat([p.data for p in parts], out=out), parts[0].fmt, parts[0].in_features, scale)
+
+
+class Arena:
+    """One allocation that many weights are carved from: a single memory mapping, so the weights do
+    not interleave with (and pin) the heap's freed blocks; the resident set stays their size."""
+
+    def __init__(self, nbytes: int):
+        self.buffer = torch.empty(nbytes, dtype=torch.uint8)
+        self.used = 0
+
+    def take(self, rows: int, row_bytes: int) -> torch.Tensor:
+        """The next [rows, row_bytes] uint8 block."""
+        start, self.used = self.used, self.used + rows * row_bytes
+        assert self.used <= self.buffer.numel(), "arena too small"
+        return self.buffer[start:self.used].view(rows, row_bytes)
 
 
 def quantize_int8(weight: torch.Tensor) -> QuantWeight:
@@ -165,16 +183,17 @@ class QuantLinear(nn.Module):
             column += p.out_features
 
     @classmethod
-    def stacked(cls, parts: list[QuantWeight], bias: torch.Tensor | None = None) -> QuantLinear:
-        """Runs of parts in one format are copied into one weight each (one kernel call per run); the
-        result owns its bytes (nothing refers to the parts' storage, e.g. a file mapping)."""
+    def stacked(cls, parts: list[QuantWeight], bias: torch.Tensor | None = None,
+                arena: Arena | None = None) -> QuantLinear:
+        """Runs of parts in one format are copied into one weight each (one kernel call per run), into
+        ``arena`` when given; nothing refers to the parts' storage (e.g. a file mapping) afterwards."""
         runs: list[list[QuantWeight]] = []
         for part in parts:
             if runs and runs[-1][0].fmt == part.fmt:
                 runs[-1].append(part)
             else:
                 runs.append([part])
-        return cls([QuantWeight.cat(run) for run in runs], bias)
+        return cls([QuantWeight.cat(run, arena) for run in runs], bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         plain = x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()

@@ -27,7 +27,7 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUILT_IN_SAMPLING = {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 # Bump when the converter's output changes, so stale conversions are not reused.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2  # 2: the marker holds the tensor table (quantization='gguf' maps the weights from it)
 _FINGERPRINT_BYTES = 1 << 20
 
 
