@@ -59,6 +59,7 @@ enum { F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, B
 typedef float v16f __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v16i __attribute__((vector_size(64)));
+typedef int32_t v8i __attribute__((vector_size(32)));
 typedef uint8_t v16u8 __attribute__((vector_size(16)));
 typedef int8_t v16i8 __attribute__((vector_size(16)));
 
@@ -86,6 +87,25 @@ static inline v16f u8_to_f(v16u8 q) {
     return __builtin_convertvector(q, v16f);
 #endif
 }
+/* 16 unsigned bytes -> 16 int32 lanes (one widening shuffle, then nibbles are split with integer ops) */
+static inline v16i u8_to_i32(v16u8 q) {
+#if defined(__AVX512F__)
+    return (v16i)_mm512_cvtepu8_epi32((__m128i)q);
+#elif defined(__AVX2__)
+    v8i lo = (v8i)_mm256_cvtepu8_epi32((__m128i)q), hi = (v8i)_mm256_cvtepu8_epi32(_mm_srli_si128((__m128i)q, 8));
+    return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+    return __builtin_convertvector(q, v16i);
+#endif
+}
+static inline v16f i32_to_f(v16i v) {
+#if defined(__AVX512F__)
+    return (v16f)_mm512_cvtepi32_ps((__m512i)v);
+#else
+    return __builtin_convertvector(v, v16f);
+#endif
+}
+
 static inline v16f i8_to_f(const uint8_t *p) {
     v16i8 q;
     memcpy(&q, p, sizeof q);
@@ -235,19 +255,19 @@ static inline __attribute__((always_inline)) void decode(const int type, const u
         return;
     case Q4_0: {
         const uint8_t *blk = row + sb * 18;
-        v16u8 q = bytes16(blk + 2);
+        v16i q = u8_to_i32(bytes16(blk + 2));
         d->s[0] = d->s[1] = half_to_float(blk);
-        d->q[0] = u8_to_f(q & 15) - 8.0f;
-        d->q[1] = u8_to_f(q >> 4) - 8.0f;
+        d->q[0] = i32_to_f((q & 15) - 8);
+        d->q[1] = i32_to_f((q >> 4) - 8);
         return;
     }
     case Q4_1: {
         const uint8_t *blk = row + sb * 20;
-        v16u8 q = bytes16(blk + 4);
+        v16i q = u8_to_i32(bytes16(blk + 4));
         d->s[0] = d->s[1] = half_to_float(blk);
         d->o = half_to_float(blk + 2);
-        d->q[0] = u8_to_f(q & 15);
-        d->q[1] = u8_to_f(q >> 4);
+        d->q[0] = i32_to_f(q & 15);
+        d->q[1] = i32_to_f(q >> 4);
         return;
     }
     case Q8_0: {
