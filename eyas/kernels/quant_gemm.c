@@ -12,12 +12,10 @@
    package's numpy reference (products and sums rounded one at a time, never fused), so the
    dequantized weights equal gguf's bit for bit.
 
-   Products never build the dequantized weight. A weight is w = s * q + o with q a small integer
-   (held exactly in float32), s a scale and o an offset shared by a sub-block of 32 (16 for Q6_K's
-   scales), so a sub-block's share of a dot product is s * sum(q * x) + o * sum(x): the integers are
-   decoded into float vectors in registers, multiplied with x, and the scale applied once per
-   sub-block; the offsets meet per-sub-block sums of x, computed once per call. That is about a
-   third of the instructions of dequantize-then-multiply, so decode keeps up with memory.
+   A weight is w = s * q + o with q a small integer, s a scale and o an offset shared by a
+   sub-block (32 weights; 16 for Q6_K's scales). Each sub-block is decoded to floats in registers,
+   rounded exactly as gguf dequantizes (so the weights the products use are gguf's bit for bit), and
+   multiplied into x with fused multiply-adds; the dequantized matrix is never stored.
 
    One arithmetic for every row count. Threads split the output rows into tiles of TILE_N weight
    rows (static split), computed TILE_M rows of x at a time with TILE_N x TILE_M accumulators in
@@ -25,10 +23,9 @@
    registers as they stream by; more rows (prefill, batches) decode each tile once into a per-thread
    buffer and reuse it for every row group. Both read the same decoded values in the same order.
 
-   Every output element is one 16-lane accumulator summed over the sub-blocks in order with
-   exactly rounded multiplies and fused multiply-adds, plus one scalar offset sum in order, reduced
-   in one fixed tree: the result does not depend on the thread count, on the other rows of x, or on
-   which instruction set ran it. The AVX512, AVX2 and portable builds of this file give the same
+   Every output element is one 16-lane accumulator summed over k in order with exactly rounded
+   fused multiply-adds, reduced in one fixed tree: the result does not depend on the thread count,
+   on the other rows of x, or on which instruction set ran it. The AVX512, AVX2 and portable builds of this file give the same
    bits (the portable build's fmaf is exact too, only slower). */
 #pragma GCC optimize("fp-contract=off")
 #include <math.h>
@@ -310,83 +307,82 @@ static inline __attribute__((always_inline)) void decode(const int type, const u
     }
 }
 
-/* out[m, j] for j < NB weight rows (stride rb) and m < MB rows of x (stride ldx); xs: sums of x per
-   sub-block. The weight rows are decoded here (pre == NULL) or were decoded into pre[j * nsub + sb]:
-   the arithmetic is the same either way. */
+/* The sub-block's 32 weights, rounded as the gguf package dequantizes: w = s * q, then + o (two roundings,
+   never fused). F16 / BF16 hold them already; I8_ROW keeps q (its row scale multiplies the dot product). */
+typedef struct {
+    v16f w[2];
+} wsub_t;
+
+static inline __attribute__((always_inline)) void weights(const int type, const uint8_t *row, int64_t sb, wsub_t *out) {
+    sub_t d;
+    d.o = 0.0f;
+    decode(type, row, sb, &d);
+    for (int h = 0; h < 2; h++) {
+        v16f w = (type == F16 || type == BF16 || type == I8_ROW) ? d.q[h] : d.q[h] * d.s[h];
+        out->w[h] = has_offset(type) ? w + d.o : w;
+    }
+}
+
+/* out[m, j] for j < NB weight rows (stride rb) and m < MB rows of x (stride ldx). The weight rows are
+   decoded here (pre == NULL) or were decoded into pre[j * nsub + sb]: the values, and so the
+   arithmetic, are the same either way. */
 static inline __attribute__((always_inline)) void tile(const int type, const int NB, const int MB, const float *x,
-                                                     int64_t ldx, const float *xs, int64_t nsub, const uint8_t *w,
-                                                     int64_t rb, const sub_t *pre, const float *row_scale,
-                                                     float *out, int64_t ldo) {
+                                                     int64_t ldx, int64_t nsub, const uint8_t *w, int64_t rb,
+                                                     const wsub_t *pre, const float *row_scale, float *out,
+                                                     int64_t ldo) {
     v16f acc[TILE_N][TILE_M];
-    float off[TILE_N][TILE_M];
     for (int j = 0; j < NB; j++)
-        for (int m = 0; m < MB; m++) {
-            acc[j][m] = (v16f){0};
-            off[j][m] = 0.0f;
-        }
+        for (int m = 0; m < MB; m++) acc[j][m] = (v16f){0};
     for (int64_t sb = 0; sb < nsub; sb++) {
-        sub_t fresh[TILE_N];
-        const sub_t *d[TILE_N];
+        wsub_t fresh[TILE_N];
+        const wsub_t *d[TILE_N];
         for (int j = 0; j < NB; j++) {
             if (pre) {
                 d[j] = pre + j * nsub + sb;
             } else {
-                decode(type, w + j * rb, sb, &fresh[j]);
+                weights(type, w + j * rb, sb, &fresh[j]);
                 d[j] = &fresh[j];
             }
         }
         for (int m = 0; m < MB; m++) {
             v16f x0 = load16(x + m * ldx + SUB * sb), x1 = load16(x + m * ldx + SUB * sb + 16);
-            for (int j = 0; j < NB; j++) {
-                if (type == F16 || type == BF16 || type == I8_ROW) {
-                    acc[j][m] = fma16(d[j]->q[1], x1, fma16(d[j]->q[0], x0, acc[j][m]));
-                } else if (type == Q6_K) {
-                    acc[j][m] = fma16(d[j]->q[0] * x0, splat(d[j]->s[0]), acc[j][m]);
-                    acc[j][m] = fma16(d[j]->q[1] * x1, splat(d[j]->s[1]), acc[j][m]);
-                } else {
-                    acc[j][m] = fma16(fma16(d[j]->q[1], x1, d[j]->q[0] * x0), splat(d[j]->s[0]), acc[j][m]);
-                }
-                if (has_offset(type)) off[j][m] = fmaf(d[j]->o, xs[m * nsub + sb], off[j][m]);
-            }
+            for (int j = 0; j < NB; j++) acc[j][m] = fma16(d[j]->w[1], x1, fma16(d[j]->w[0], x0, acc[j][m]));
         }
     }
     for (int j = 0; j < NB; j++)
         for (int m = 0; m < MB; m++) {
             float s = lane_sum(acc[j][m]);
-            if (type == I8_ROW) s *= row_scale[j];
-            out[m * ldo + j] = has_offset(type) ? s + off[j][m] : s;
+            out[m * ldo + j] = type == I8_ROW ? s * row_scale[j] : s;
         }
 }
 
 /* NB weight rows against all rows of x, TILE_M at a time. A few rows decode the weights as they go
    (each weight byte is read once either way); more rows decode the tile once into buf and reuse it. */
 static inline __attribute__((always_inline)) void rows(const int type, const int NB, const float *x, int64_t ldx,
-                                                     const float *xs, int64_t m_len, int64_t nsub, const uint8_t *w,
-                                                     int64_t rb, sub_t *buf, const float *row_scale, float *out,
-                                                     int64_t ldo) {
-    const sub_t *pre = NULL;
+                                                     int64_t m_len, int64_t nsub, const uint8_t *w, int64_t rb,
+                                                     wsub_t *buf, const float *row_scale, float *out, int64_t ldo) {
+    const wsub_t *pre = NULL;
     if (m_len > TILE_M) {
         for (int j = 0; j < NB; j++)
-            for (int64_t sb = 0; sb < nsub; sb++) decode(type, w + j * rb, sb, &buf[j * nsub + sb]);
+            for (int64_t sb = 0; sb < nsub; sb++) weights(type, w + j * rb, sb, &buf[j * nsub + sb]);
         pre = buf;
     }
     int64_t m = 0;
     for (; m + TILE_M <= m_len; m += TILE_M)
-        tile(type, NB, TILE_M, x + m * ldx, ldx, xs + m * nsub, nsub, w, rb, pre, row_scale, out + m * ldo, ldo);
-    for (; m < m_len; m++)
-        tile(type, NB, 1, x + m * ldx, ldx, xs + m * nsub, nsub, w, rb, pre, row_scale, out + m * ldo, ldo);
+        tile(type, NB, TILE_M, x + m * ldx, ldx, nsub, w, rb, pre, row_scale, out + m * ldo, ldo);
+    for (; m < m_len; m++) tile(type, NB, 1, x + m * ldx, ldx, nsub, w, rb, pre, row_scale, out + m * ldo, ldo);
 }
 
 #define GEMM_FOR(TYPE)                                                                                           \
-    static int gemm_##TYPE(const float *x, int64_t ldx, const float *xs, const uint8_t *weight,               \
-                           const float *row_scale, float *out, int64_t ldo, int64_t m_len, int64_t n_len,     \
-                           int64_t k_len, int num_threads) {                                                  \
+    static int gemm_##TYPE(const float *x, int64_t ldx, const uint8_t *weight, const float *row_scale,         \
+                           float *out, int64_t ldo, int64_t m_len, int64_t n_len, int64_t k_len,              \
+                           int num_threads) {                                                                 \
         int64_t rb = row_bytes(TYPE, k_len), nsub = k_len / SUB, tiles = (n_len + TILE_N - 1) / TILE_N;        \
         int failed = 0;                                                                                       \
         _Pragma("omp parallel num_threads(num_threads)")                                                      \
         {                                                                                                     \
-            sub_t *buf = NULL; /* this thread's decoded tile, for row counts past TILE_M */                    \
-            if (m_len > TILE_M && (buf = aligned_alloc(64, sizeof(sub_t) * TILE_N * nsub)) == NULL) {         \
+            wsub_t *buf = NULL; /* this thread's decoded tile, for row counts past TILE_M */                   \
+            if (m_len > TILE_M && (buf = aligned_alloc(64, sizeof(wsub_t) * TILE_N * nsub)) == NULL) {        \
                 _Pragma("omp atomic write")                                                                   \
                 failed = 1;                                                                                   \
             }                                                                                                 \
@@ -396,11 +392,11 @@ static inline __attribute__((always_inline)) void rows(const int type, const int
                 int64_t n0 = t * TILE_N;                                                                      \
                 const float *rs = row_scale ? row_scale + n0 : NULL;                                          \
                 if (n0 + TILE_N <= n_len) {                                                                    \
-                    rows(TYPE, TILE_N, x, ldx, xs, m_len, nsub, weight + n0 * rb, rb, buf, rs, out + n0, ldo); \
+                    rows(TYPE, TILE_N, x, ldx, m_len, nsub, weight + n0 * rb, rb, buf, rs, out + n0, ldo);     \
                 } else {                                                                                      \
                     for (int64_t n = n0; n < n_len; n++)                                                      \
-                        rows(TYPE, 1, x, ldx, xs, m_len, nsub, weight + n * rb, rb, buf,                      \
-                             rs ? rs + (n - n0) : NULL, out + n, ldo);                                        \
+                        rows(TYPE, 1, x, ldx, m_len, nsub, weight + n * rb, rb, buf, rs ? rs + (n - n0) : NULL, \
+                             out + n, ldo);                                                                   \
                 }                                                                                             \
             }                                                                                                 \
             free(buf);                                                                                        \
@@ -422,28 +418,18 @@ int eyas_quant_gemm(const float *x, int64_t ldx, const uint8_t *weight, int type
                     int64_t ldo, int64_t m_len, int64_t n_len, int64_t k_len, int num_threads) {
     int bs = block_size(type);
     if (bs == 0 || k_len % bs != 0 || (type == I8_ROW && row_scale == NULL)) return -1;
-    int64_t nsub = k_len / SUB;
-    float *xs = NULL; /* xs[m, sb]: the sum of x's 32 values of sub-block sb, for formats with offsets */
-    if (has_offset(type)) {
-        xs = malloc(sizeof(float) * (size_t)(m_len * nsub + 1));
-        if (xs == NULL) return -1;
-        for (int64_t m = 0; m < m_len; m++)
-            for (int64_t sb = 0; sb < nsub; sb++)
-                xs[m * nsub + sb] = lane_sum(load16(x + m * ldx + SUB * sb) + load16(x + m * ldx + SUB * sb + 16));
-    }
     int status = -1;
     switch (type) {
-    case F16: status = gemm_F16(x, ldx, xs, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case BF16: status = gemm_BF16(x, ldx, xs, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case I8_ROW: status = gemm_I8_ROW(x, ldx, xs, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case Q4_0: status = gemm_Q4_0(x, ldx, xs, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case Q4_1: status = gemm_Q4_1(x, ldx, xs, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case Q8_0: status = gemm_Q8_0(x, ldx, xs, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case Q4_K: status = gemm_Q4_K(x, ldx, xs, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case Q5_K: status = gemm_Q5_K(x, ldx, xs, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case Q6_K: status = gemm_Q6_K(x, ldx, xs, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case F16: status = gemm_F16(x, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case BF16: status = gemm_BF16(x, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case I8_ROW: status = gemm_I8_ROW(x, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case Q4_0: status = gemm_Q4_0(x, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case Q4_1: status = gemm_Q4_1(x, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case Q8_0: status = gemm_Q8_0(x, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case Q4_K: status = gemm_Q4_K(x, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case Q5_K: status = gemm_Q5_K(x, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case Q6_K: status = gemm_Q6_K(x, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
     }
-    free(xs);
     return status;
 }
 
@@ -458,21 +444,20 @@ int eyas_quant_rows(const uint8_t *weight, int type, const float *row_scale, con
     for (int64_t i = 0; i < count; i++) {
         const uint8_t *row = weight + rows_[i] * rb;
         for (int64_t sb = 0; sb < nsub; sb++) {
-            sub_t d = {0};
-            switch (type) { /* decode is inlined per format */
-            case F16: decode(F16, row, sb, &d); break;
-            case BF16: decode(BF16, row, sb, &d); break;
-            case I8_ROW: decode(I8_ROW, row, sb, &d); d.s[0] = d.s[1] = row_scale[rows_[i]]; break;
-            case Q4_0: decode(Q4_0, row, sb, &d); break;
-            case Q4_1: decode(Q4_1, row, sb, &d); break;
-            case Q8_0: decode(Q8_0, row, sb, &d); break;
-            case Q4_K: decode(Q4_K, row, sb, &d); break;
-            case Q5_K: decode(Q5_K, row, sb, &d); break;
-            case Q6_K: decode(Q6_K, row, sb, &d); break;
+            wsub_t d = {0};
+            switch (type) { /* inlined per format */
+            case F16: weights(F16, row, sb, &d); break;
+            case BF16: weights(BF16, row, sb, &d); break;
+            case I8_ROW: weights(I8_ROW, row, sb, &d); break;
+            case Q4_0: weights(Q4_0, row, sb, &d); break;
+            case Q4_1: weights(Q4_1, row, sb, &d); break;
+            case Q8_0: weights(Q8_0, row, sb, &d); break;
+            case Q4_K: weights(Q4_K, row, sb, &d); break;
+            case Q5_K: weights(Q5_K, row, sb, &d); break;
+            case Q6_K: weights(Q6_K, row, sb, &d); break;
             }
             for (int h = 0; h < 2; h++) {
-                v16f w = (type == F16 || type == BF16) ? d.q[h] : d.q[h] * d.s[h];
-                if (has_offset(type)) w = w + d.o;
+                v16f w = type == I8_ROW ? d.w[h] * row_scale[rows_[i]] : d.w[h];
                 memcpy(out + i * k_len + SUB * sb + 16 * h, &w, sizeof w);
             }
         }
