@@ -167,6 +167,17 @@ static inline v16f bf16_to_f(const uint8_t *p) {
     return v;
 }
 
+/* n float16 values -> floats, 16 (or 8) at a time where the CPU converts vectors */
+static void halves_to_floats(const uint16_t *h, float *f, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(f + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i))));
+#elif defined(__F16C__)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+#endif
+    for (; i < n; i++) f[i] = half_to_float((const uint8_t *)(h + i));
+}
+
 static inline v16f fma16(v16f a, v16f b, v16f c) {
 #if defined(__AVX512F__)
     return (v16f)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
@@ -236,7 +247,59 @@ typedef struct {
     float s[2], o;
 } __attribute__((aligned(64))) sub_t;
 
-static inline __attribute__((always_inline)) void decode(const int type, const uint8_t *row, int64_t sb, sub_t *d) {
+/* The scales and offsets of one row, as floats, sc[3 * sb + {0, 1, 2}] = s[0], s[1], o of sub-block sb:
+   gathered before the row is decoded, so the hot loop loads them (a broadcast from memory) instead of
+   converting a float16 per sub-block on the shuffle port. hs, hf: scratch of 2 * nsub. */
+static void row_scales(const int type, const uint8_t *row, int64_t nsub, float *sc, uint16_t *hs, float *hf) {
+    switch (type) {
+    case Q4_0: case Q4_1: case Q8_0: {
+        int64_t bb = type == Q4_0 ? 18 : type == Q4_1 ? 20 : 34;
+        int per = type == Q4_1 ? 2 : 1; /* d, and Q4_1's m */
+        for (int64_t b = 0; b < nsub; b++) memcpy(hs + per * b, row + b * bb, 2 * per);
+        halves_to_floats(hs, hf, per * nsub);
+        for (int64_t b = 0; b < nsub; b++) {
+            sc[3 * b] = sc[3 * b + 1] = hf[per * b];
+            sc[3 * b + 2] = per == 2 ? hf[2 * b + 1] : 0.0f;
+        }
+        return;
+    }
+    case Q4_K: case Q5_K:
+        for (int64_t b = 0; b < nsub / 8; b++) {
+            const uint8_t *blk = row + b * (type == Q4_K ? 144 : 176);
+            float d = half_to_float(blk), dmin = half_to_float(blk + 2);
+            for (int j = 0; j < 8; j++) {
+                int scale, min;
+                k_scale_min(blk + 4, j, &scale, &min);
+                float *out = sc + 3 * (8 * b + j);
+                out[0] = out[1] = d * (float)scale;
+                out[2] = -(dmin * (float)min);
+            }
+        }
+        return;
+    case Q6_K:
+        for (int64_t b = 0; b < nsub / 8; b++) {
+            const uint8_t *blk = row + b * 210;
+            float d = half_to_float(blk + 208);
+            const int8_t *scale = (const int8_t *)(blk + 192);
+            for (int g = 0; g < 8; g++) {
+                float *out = sc + 3 * (8 * b + g);
+                out[0] = d * (float)scale[2 * g];
+                out[1] = d * (float)scale[2 * g + 1];
+                out[2] = 0.0f;
+            }
+        }
+        return;
+    }
+}
+
+/* the integers (or float values) of sub-block sb, with its scales and offset from row_scales */
+static inline __attribute__((always_inline)) void decode(const int type, const uint8_t *row, int64_t sb,
+                                                       const float *sc, sub_t *d) {
+    if (type != F16 && type != BF16 && type != I8_ROW) {
+        d->s[0] = sc[3 * sb];
+        d->s[1] = sc[3 * sb + 1];
+        d->o = sc[3 * sb + 2];
+    }
     switch (type) {
     case F16:
         d->q[0] = f16_to_f(row + 64 * sb);
@@ -253,7 +316,6 @@ static inline __attribute__((always_inline)) void decode(const int type, const u
     case Q4_0: {
         const uint8_t *blk = row + sb * 18;
         v16i q = u8_to_i32(bytes16(blk + 2));
-        d->s[0] = d->s[1] = half_to_float(blk);
         d->q[0] = i32_to_f((q & 15) - 8);
         d->q[1] = i32_to_f((q >> 4) - 8);
         return;
@@ -261,15 +323,12 @@ static inline __attribute__((always_inline)) void decode(const int type, const u
     case Q4_1: {
         const uint8_t *blk = row + sb * 20;
         v16i q = u8_to_i32(bytes16(blk + 4));
-        d->s[0] = d->s[1] = half_to_float(blk);
-        d->o = half_to_float(blk + 2);
         d->q[0] = i32_to_f(q & 15);
         d->q[1] = i32_to_f(q >> 4);
         return;
     }
     case Q8_0: {
         const uint8_t *blk = row + sb * 34;
-        d->s[0] = d->s[1] = half_to_float(blk);
         d->q[0] = i8_to_f(blk + 2);
         d->q[1] = i8_to_f(blk + 18);
         return;
@@ -277,10 +336,7 @@ static inline __attribute__((always_inline)) void decode(const int type, const u
     case Q4_K:
     case Q5_K: {
         const uint8_t *blk = row + sb / 8 * (type == Q4_K ? 144 : 176);
-        int j = sb % 8, sc, mn;
-        k_scale_min(blk + 4, j, &sc, &mn);
-        d->s[0] = d->s[1] = half_to_float(blk) * (float)sc;
-        d->o = -(half_to_float(blk + 2) * (float)mn);
+        int j = sb % 8;
         const uint8_t *qs = blk + (type == Q4_K ? 16 : 48) + 32 * (j / 2);
         for (int h = 0; h < 2; h++) {
             v16u8 q = bytes16(qs + 16 * h);
@@ -293,14 +349,11 @@ static inline __attribute__((always_inline)) void decode(const int type, const u
     case Q6_K: {
         const uint8_t *blk = row + sb / 8 * 210;
         int g = sb % 8, half = g / 4, part = g % 4;
-        float dd = half_to_float(blk + 208);
-        const int8_t *sc = (const int8_t *)(blk + 192);
         for (int h = 0; h < 2; h++) {
             v16u8 lo = bytes16(blk + 64 * half + 32 * (part & 1) + 16 * h);
             lo = part < 2 ? lo & 15 : lo >> 4;
             v16u8 hi = (bytes16(blk + 128 + 32 * half + 16 * h) >> (2 * part)) & 3;
             d->q[h] = u8_to_f(lo | (hi << 4)) - 32.0f;
-            d->s[h] = dd * (float)sc[2 * g + h];
         }
         return;
     }
@@ -313,10 +366,10 @@ typedef struct {
     v16f w[2];
 } wsub_t;
 
-static inline __attribute__((always_inline)) void weights(const int type, const uint8_t *row, int64_t sb, wsub_t *out) {
+static inline __attribute__((always_inline)) void weights(const int type, const uint8_t *row, int64_t sb,
+                                                        const float *sc, wsub_t *out) {
     sub_t d;
-    d.o = 0.0f;
-    decode(type, row, sb, &d);
+    decode(type, row, sb, sc, &d);
     for (int h = 0; h < 2; h++) {
         v16f w = (type == F16 || type == BF16 || type == I8_ROW) ? d.q[h] : d.q[h] * d.s[h];
         out->w[h] = has_offset(type) ? w + d.o : w;
@@ -328,8 +381,8 @@ static inline __attribute__((always_inline)) void weights(const int type, const 
    arithmetic, are the same either way. */
 static inline __attribute__((always_inline)) void tile(const int type, const int NB, const int MB, const float *x,
                                                      int64_t ldx, int64_t nsub, const uint8_t *w, int64_t rb,
-                                                     const wsub_t *pre, const float *row_scale, float *out,
-                                                     int64_t ldo) {
+                                                     const float *sc, const wsub_t *pre, const float *row_scale,
+                                                     float *out, int64_t ldo) {
     v16f acc[TILE_N][TILE_M];
     for (int j = 0; j < NB; j++)
         for (int m = 0; m < MB; m++) acc[j][m] = (v16f){0};
@@ -340,7 +393,7 @@ static inline __attribute__((always_inline)) void tile(const int type, const int
             if (pre) {
                 d[j] = pre + j * nsub + sb;
             } else {
-                weights(type, w + j * rb, sb, &fresh[j]);
+                weights(type, w + j * rb, sb, sc + j * 3 * nsub, &fresh[j]);
                 d[j] = &fresh[j];
             }
         }
@@ -356,21 +409,47 @@ static inline __attribute__((always_inline)) void tile(const int type, const int
         }
 }
 
+/* a thread's working memory: decoded tile (row counts past TILE_M), row scales, float16 scratch */
+typedef struct {
+    wsub_t *buf;
+    float *sc, *hf;
+    uint16_t *hs;
+} scratch_t;
+
+static int scratch_alloc(scratch_t *s, int64_t nsub, int tile) {
+    s->buf = tile ? aligned_alloc(64, sizeof(wsub_t) * TILE_N * nsub) : NULL;
+    s->sc = malloc(sizeof(float) * 3 * TILE_N * nsub);
+    s->hf = malloc(sizeof(float) * 2 * nsub);
+    s->hs = malloc(sizeof(uint16_t) * 2 * nsub);
+    return (tile && !s->buf) || !s->sc || !s->hf || !s->hs;
+}
+
+static void scratch_free(scratch_t *s) {
+    free(s->buf);
+    free(s->sc);
+    free(s->hf);
+    free(s->hs);
+}
+
 /* NB weight rows against all rows of x, TILE_M at a time. A few rows decode the weights as they go
    (each weight byte is read once either way); more rows decode the tile once into buf and reuse it. */
 static inline __attribute__((always_inline)) void rows(const int type, const int NB, const float *x, int64_t ldx,
                                                      int64_t m_len, int64_t nsub, const uint8_t *w, int64_t rb,
-                                                     wsub_t *buf, const float *row_scale, float *out, int64_t ldo) {
+                                                     scratch_t *scratch, const float *row_scale, float *out,
+                                                     int64_t ldo) {
+    for (int j = 0; j < NB; j++) row_scales(type, w + j * rb, nsub, scratch->sc + j * 3 * nsub, scratch->hs, scratch->hf);
     const wsub_t *pre = NULL;
     if (m_len > TILE_M) {
         for (int j = 0; j < NB; j++)
-            for (int64_t sb = 0; sb < nsub; sb++) weights(type, w + j * rb, sb, &buf[j * nsub + sb]);
-        pre = buf;
+            for (int64_t sb = 0; sb < nsub; sb++)
+                weights(type, w + j * rb, sb, scratch->sc + j * 3 * nsub, &scratch->buf[j * nsub + sb]);
+        pre = scratch->buf;
     }
     int64_t m = 0;
     for (; m + TILE_M <= m_len; m += TILE_M)
-        tile(type, NB, TILE_M, x + m * ldx, ldx, nsub, w, rb, pre, row_scale, out + m * ldo, ldo);
-    for (; m < m_len; m++) tile(type, NB, 1, x + m * ldx, ldx, nsub, w, rb, pre, row_scale, out + m * ldo, ldo);
+        tile(type, NB, TILE_M, x + m * ldx, ldx, nsub, w, rb, scratch->sc, pre, row_scale, out + m * ldo, ldo);
+    for (; m < m_len; m++)
+        tile(type, NB, 1, x + m * ldx, ldx, nsub, w, rb, scratch->sc, pre, row_scale, out + m * ldo, ldo);
 }
 
 #define GEMM_FOR(TYPE)                                                                                           \
@@ -381,25 +460,26 @@ static inline __attribute__((always_inline)) void rows(const int type, const int
         int failed = 0;                                                                                       \
         _Pragma("omp parallel num_threads(num_threads)")                                                      \
         {                                                                                                     \
-            wsub_t *buf = NULL; /* this thread's decoded tile, for row counts past TILE_M */                   \
-            if (m_len > TILE_M && (buf = aligned_alloc(64, sizeof(wsub_t) * TILE_N * nsub)) == NULL) {        \
+            scratch_t scratch;                                                                                \
+            if (scratch_alloc(&scratch, nsub, m_len > TILE_M)) {                                              \
                 _Pragma("omp atomic write")                                                                   \
                 failed = 1;                                                                                   \
             }                                                                                                 \
+            _Pragma("omp barrier") /* all allocations settled before failed is read */            \
             _Pragma("omp for schedule(static)")                                                               \
             for (int64_t t = 0; t < tiles; t++) {                                                             \
-                if (m_len > TILE_M && buf == NULL) continue;                                                  \
+                if (failed) continue;                                                                         \
                 int64_t n0 = t * TILE_N;                                                                      \
                 const float *rs = row_scale ? row_scale + n0 : NULL;                                          \
                 if (n0 + TILE_N <= n_len) {                                                                    \
-                    rows(TYPE, TILE_N, x, ldx, m_len, nsub, weight + n0 * rb, rb, buf, rs, out + n0, ldo);     \
+                    rows(TYPE, TILE_N, x, ldx, m_len, nsub, weight + n0 * rb, rb, &scratch, rs, out + n0, ldo); \
                 } else {                                                                                      \
                     for (int64_t n = n0; n < n_len; n++)                                                      \
-                        rows(TYPE, 1, x, ldx, m_len, nsub, weight + n * rb, rb, buf, rs ? rs + (n - n0) : NULL, \
+                        rows(TYPE, 1, x, ldx, m_len, nsub, weight + n * rb, rb, &scratch, rs ? rs + (n - n0) : NULL, \
                              out + n, ldo);                                                                   \
                 }                                                                                             \
             }                                                                                                 \
-            free(buf);                                                                                        \
+            scratch_free(&scratch);                                                                           \
         }                                                                                                     \
         return failed ? -1 : 0;                                                                               \
     }
@@ -440,21 +520,32 @@ int eyas_quant_rows(const uint8_t *weight, int type, const float *row_scale, con
     int bs = block_size(type);
     if (bs == 0 || k_len % bs != 0 || (type == I8_ROW && row_scale == NULL)) return -1;
     int64_t rb = row_bytes(type, k_len), nsub = k_len / SUB;
-#pragma omp parallel for num_threads(num_threads) schedule(static)
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+    scratch_t scratch;
+    if (scratch_alloc(&scratch, nsub, 0)) {
+#pragma omp atomic write
+        failed = 1;
+    }
+#pragma omp barrier
+#pragma omp for schedule(static)
     for (int64_t i = 0; i < count; i++) {
+        if (failed) continue;
         const uint8_t *row = weight + rows_[i] * rb;
+        row_scales(type, row, nsub, scratch.sc, scratch.hs, scratch.hf);
         for (int64_t sb = 0; sb < nsub; sb++) {
             wsub_t d = {0};
             switch (type) { /* inlined per format */
-            case F16: weights(F16, row, sb, &d); break;
-            case BF16: weights(BF16, row, sb, &d); break;
-            case I8_ROW: weights(I8_ROW, row, sb, &d); break;
-            case Q4_0: weights(Q4_0, row, sb, &d); break;
-            case Q4_1: weights(Q4_1, row, sb, &d); break;
-            case Q8_0: weights(Q8_0, row, sb, &d); break;
-            case Q4_K: weights(Q4_K, row, sb, &d); break;
-            case Q5_K: weights(Q5_K, row, sb, &d); break;
-            case Q6_K: weights(Q6_K, row, sb, &d); break;
+            case F16: weights(F16, row, sb, scratch.sc, &d); break;
+            case BF16: weights(BF16, row, sb, scratch.sc, &d); break;
+            case I8_ROW: weights(I8_ROW, row, sb, scratch.sc, &d); break;
+            case Q4_0: weights(Q4_0, row, sb, scratch.sc, &d); break;
+            case Q4_1: weights(Q4_1, row, sb, scratch.sc, &d); break;
+            case Q8_0: weights(Q8_0, row, sb, scratch.sc, &d); break;
+            case Q4_K: weights(Q4_K, row, sb, scratch.sc, &d); break;
+            case Q5_K: weights(Q5_K, row, sb, scratch.sc, &d); break;
+            case Q6_K: weights(Q6_K, row, sb, scratch.sc, &d); break;
             }
             for (int h = 0; h < 2; h++) {
                 v16f w = type == I8_ROW ? d.w[h] * row_scale[rows_[i]] : d.w[h];
@@ -462,7 +553,9 @@ int eyas_quant_rows(const uint8_t *weight, int type, const float *row_scale, con
             }
         }
     }
-    return 0;
+    scratch_free(&scratch);
+    }
+    return failed ? -1 : 0;
 }
 
 /* the instruction set this build was compiled for: "avx512", "avx2" or "portable" */
