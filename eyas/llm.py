@@ -83,6 +83,11 @@ class LLM:
         self.engine = Engine(config, self.tokenizer, attention_backend)
         self._ids = itertools.count()
 
+    def close(self) -> None:
+        """Shut down the engine: a suffix cache file (``suffix_decoding_cache_file``) is written now. Nothing
+        runs after it. Without a call it is written at interpreter exit."""
+        self.engine.close()
+
     def stats(self) -> dict:
         """Engine-wide speculation metrics: drafted, accepted, mean acceptance length, per position."""
         return self.engine.stats()
