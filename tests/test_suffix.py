@@ -2,10 +2,12 @@
 eviction, the engine telling the proposer when requests end, and the cache file (round trip, kill -9)."""
 
 import os
+import queue
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -235,53 +237,63 @@ def test_bad_cache_file_is_refused_by_name(target, tmp_path):
         LLM(target, dtype="float32", max_model_len=256, kv_cache_gb=0.02, speculative_config=config)
 
 
-# the saver: one import, then each "go" on stdin forks a process that saves version after version of a
-# large cache until it is killed; its pid goes to stdout, then "reaped" once it is gone
+# the saver: one import, then each line on stdin forks a process that prints its pid and saves version after
+# version of a large cache until it is killed. On "rename" that process announces each rename of a finished
+# temporary file ("renaming") and waits a second before it: a kill then always interrupts a save.
 _SAVER = """
-import os, sys
+import os, sys, time
 from eyas.spec.suffix import save_outputs
-path = sys.argv[1]
+path, rename = sys.argv[1], os.replace
+def announced_rename(src, dst):
+    print("renaming", flush=True)
+    time.sleep(1.0)
+    rename(src, dst)
 print("ready", flush=True)
-for _ in sys.stdin:
+for line in sys.stdin:
     pid = os.fork()
     if pid == 0:
+        if line.strip() == "rename":
+            os.replace = announced_rename
+        print(os.getpid(), flush=True)
         version = 1
         while True:
-            save_outputs(path, [[version % 250] * 1000 for _ in range(3000)], 320)
+            save_outputs(path, [[version % 250] * 1000 for _ in range(2000)], 320)
             version += 1
-    print(pid, flush=True)
     os.waitpid(pid, 0)
     print("reaped", flush=True)
 """
 
 
 def test_cache_file_survives_kill_9_during_saving(tmp_path):
-    """Each trial kills a saving process at a random moment: the file is always one whole version."""
+    """Kill -9 a saving process just before a rename, and at random moments: the file on disk is always one
+    whole version, the old one or a new one."""
     path = tmp_path / "cache.npz"
-    save_outputs(str(path), [[255] * 5] * 3, 320)  # the old file
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    old = [[255] * 5] * 3
+    save_outputs(str(path), old, 320)
     saver = subprocess.Popen([sys.executable, "-c", _SAVER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True, env=env)
+                             text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line.strip()) for line in saver.stdout], daemon=True).start()
     rng = random.Random(0)
-    interrupted = 0
     try:
-        assert saver.stdout.readline().strip() == "ready"
-        for _ in range(12):
-            saver.stdin.write("go\n")
+        assert lines.get(timeout=120) == "ready"
+        for trial in ["rename"] * 3 + ["random"] * 8:
+            saver.stdin.write(f"{trial}\n")
             saver.stdin.flush()
-            pid = int(saver.stdout.readline())
-            time.sleep(rng.uniform(0.0, 0.8))
+            pid = int(lines.get(timeout=60))
+            if trial == "rename":  # the temporary file is complete, the rename has not happened
+                assert lines.get(timeout=60) == "renaming"
+            else:
+                time.sleep(rng.uniform(0.0, 0.6))
             os.kill(pid, signal.SIGKILL)
-            assert saver.stdout.readline().strip() == "reaped"
+            while lines.get(timeout=60) != "reaped":  # "renaming" lines that raced the kill
+                pass
             outputs = load_outputs(str(path), 320)  # raises on a torn file
-            if outputs != [[255] * 5] * 3:
-                fill = outputs[0][0]
-                assert outputs == [[fill] * 1000] * 3000
-            leftovers = [p for p in tmp_path.iterdir() if p.name != "cache.npz"]
-            interrupted += bool(leftovers)  # a temporary file: the kill hit a save before its rename
+            assert outputs == old or outputs == [[outputs[0][0]] * 1000] * 2000
+            leftovers = [p for p in tmp_path.iterdir() if p != path]
+            assert leftovers or trial == "random"  # a save in flight writes elsewhere than the file
             for p in leftovers:
                 p.unlink()
     finally:
         saver.kill()
         saver.wait()
-    assert interrupted > 0  # some kills landed mid-write, not only between saves

@@ -108,7 +108,7 @@ def test_counts_and_drafts_equal_brute_force_on_random_streams():
             done = seq[:pos]
             context = done[-depth:]
             assert writer.matches() == tree.matches(context)  # path ends = a walk from the root
-            for m, (node, off) in enumerate(writer.matches(), 1):
+            for m, (node, _) in enumerate(writer.matches(), 1):
                 assert node.count == len(occurrences([done], context[-m:], depth))
             max_tokens, factor, min_prob = rng.randint(1, 8), rng.choice([0.5, 1.0, 2.0, 4.0]), rng.choice([0, 0.1, 0.4])
             expected = ref_best([done], context, depth, max_tokens, factor, min_prob)
@@ -141,7 +141,7 @@ def test_many_sequences_with_fifo_removal_equal_brute_force():
             assert tree.num_nodes == fresh.num_nodes  # compressed form is canonical: nothing left behind
             for _ in range(5):
                 context = random_seqs(rng, 1)[0][:depth] or [0]
-                for m, (node, off) in enumerate(tree.matches(context), 1):
+                for m, (node, _) in enumerate(tree.matches(context), 1):
                     assert node.count == len(occurrences(cached, context[-m:], depth))
                 args = (rng.randint(1, 8), rng.choice([0.5, 1.0, 3.0]), rng.choice([0, 0.1, 0.3]))
                 expected = ref_best(cached, context, depth, *args)

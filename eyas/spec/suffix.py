@@ -28,6 +28,7 @@ moment leaves the old file or the new one, whole.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import tempfile
 import weakref
@@ -53,7 +54,7 @@ def _is_int(x) -> bool:
 
 
 def _is_number(x) -> bool:
-    return (isinstance(x, (int, float)) and not isinstance(x, bool)) and float(x) == float(x) and abs(x) != float("inf")
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _check_shape(depth, factor) -> None:
