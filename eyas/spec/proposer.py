@@ -97,7 +97,7 @@ class Proposer(ABC):
         """Wait until everything handed to background work is done; raise its first error."""
 
     def close(self) -> None:
-        """The engine shuts down: persist what should outlive it. Called once; no ``propose`` follows."""
+        """The engine shuts down: persist what should outlive it. No ``propose`` follows; a second call is a no-op."""
 
 
 _REGISTRY = {
