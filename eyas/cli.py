@@ -36,9 +36,10 @@ def _engine_args(parser: argparse.ArgumentParser, speculative: bool = True) -> N
         return
     s = parser.add_argument_group("speculative decoding")
     s.add_argument("--spec-method", default=None,
-                   help="ngram, draft_model, eagle, eagle3, mtp or extract_hidden_states (default: no speculation)")
+                   help="ngram, suffix, draft_model, eagle, eagle3, mtp or extract_hidden_states (default: no speculation)")
     s.add_argument("--spec-tokens", type=int, default=None,
-                   help="draft tokens per step (k); default: the checkpoint's (speculators folders), else 4")
+                   help="draft tokens per step (k); default: the checkpoint's (speculators folders), the longest draft "
+                        "the suffix trees allow (suffix), else 4")
     s.add_argument("--spec-verification", default=None, choices=["rejection", "shared_noise"])
     s.add_argument("--spec-model", default=None,
                    help="draft model folder or .gguf (draft_model), or drafter checkpoint folder (eagle, eagle3, mtp)")
@@ -51,6 +52,16 @@ def _engine_args(parser: argparse.ArgumentParser, speculative: bool = True) -> N
     s.add_argument("--spec-output-dir", default=None, help="extract_hidden_states: folder for the files")
     s.add_argument("--spec-include-output", action="store_true",
                    help="extract_hidden_states: dump generated tokens' states too")
+    s.add_argument("--suffix-max-tree-depth", type=int, default=None,
+                   help="suffix: depth of the suffix trees, match plus draft (default 24)")
+    s.add_argument("--suffix-max-cached-requests", type=int, default=None,
+                   help="suffix: outputs kept in the global tree, the oldest evicted first (default 10000; 0 = none)")
+    s.add_argument("--suffix-max-spec-factor", type=float, default=None,
+                   help="suffix: draft at most this many tokens per matched token (default 1.0)")
+    s.add_argument("--suffix-min-token-prob", type=float, default=None,
+                   help="suffix: stop a draft where its estimated probability falls below this (default 0.1)")
+    s.add_argument("--suffix-cache", default=None, metavar="FILE",
+                   help="suffix: load the global tree from FILE at start (if it exists), save it there at exit")
 
 
 def _sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -78,7 +89,12 @@ def _spec_config(args) -> dict | None:
     optional = {"verification": args.spec_verification, "model": args.spec_model,
                 "draft_num_layers": args.spec_draft_layers, "prompt_lookup_min": args.spec_lookup_min,
                 "prompt_lookup_max": args.spec_lookup_max, "aux_layer_ids": args.spec_aux_layer_ids,
-                "output_dir": args.spec_output_dir, "include_output_tokens": args.spec_include_output or None}
+                "output_dir": args.spec_output_dir, "include_output_tokens": args.spec_include_output or None,
+                "suffix_decoding_max_tree_depth": args.suffix_max_tree_depth,
+                "suffix_decoding_max_cached_requests": args.suffix_max_cached_requests,
+                "suffix_decoding_max_spec_factor": args.suffix_max_spec_factor,
+                "suffix_decoding_min_token_prob": args.suffix_min_token_prob,
+                "suffix_decoding_cache_file": args.suffix_cache}
     config.update({key: value for key, value in optional.items() if value is not None})
     if args.spec_tokens is not None:
         config["num_speculative_tokens"] = args.spec_tokens
@@ -127,89 +143,90 @@ def _render(llm, messages: list[dict] | str, raw: bool = False) -> list[int]:
 
 
 def cmd_generate(args) -> int:
-    llm = _make_llm(args)
-    params = _params(llm, args)
-    prompts = list(args.prompt)
-    if args.prompts_file:
-        with open(args.prompts_file) as f:
-            prompts += [line.rstrip("\n") for line in f if line.strip()]
-    if not prompts:
-        print("eyas generate: give a prompt (or --prompts-file)", file=sys.stderr)
-        return 2
-    if len(prompts) > 1:  # a batch: progress bar, then every answer
-        outs = llm.generate([_render(llm, p, args.raw) for p in prompts], params)
-        for p, o in zip(prompts, outs):
-            print(f"### {p}\n{o.outputs[0].text}\n")
-            if o.hidden_states_path:
-                print(f"[hidden states: {o.hidden_states_path}]", file=sys.stderr)
-        if _spec_line(llm.stats()):
-            print(_spec_line(llm.stats()), file=sys.stderr)
-        return 0
-    text = ""
-    out = None
-    for out in llm.stream(_render(llm, prompts[0], args.raw), params):
-        delta = out.outputs[0].text[len(text):]
-        text = out.outputs[0].text
-        print(delta, end="", flush=True)
-    print()
-    if out is not None and not args.quiet:
-        m, n = out.metrics, len(out.outputs[0].token_ids)
-        tpot = m.time_per_output_token
-        print(f"[{n} tokens, finish={out.outputs[0].finish_reason}, ttft={m.time_to_first_token * 1e3:.0f} ms"
-              + (f", {1 / tpot:.1f} tok/s decode]" if tpot else "]"), file=sys.stderr)
-        if _spec_line(out.spec_metrics):
-            print(f"[{_spec_line(out.spec_metrics)}]", file=sys.stderr)
-        if out.hidden_states_path:
-            print(f"[hidden states: {out.hidden_states_path}]", file=sys.stderr)
-    return 0
-
-
-def cmd_chat(args) -> int:
-    llm = _make_llm(args)
-    params = _params(llm, args)
-    history = [{"role": "system", "content": args.system}] if args.system else []
-    print("eyas chat: type a message, empty line or Ctrl-D to quit, /reset to start over.")
-    while True:
-        try:
-            line = input("> ").strip()
-        except EOFError:
-            print()
+    with _make_llm(args) as llm:
+        params = _params(llm, args)
+        prompts = list(args.prompt)
+        if args.prompts_file:
+            with open(args.prompts_file) as f:
+                prompts += [line.rstrip("\n") for line in f if line.strip()]
+        if not prompts:
+            print("eyas generate: give a prompt (or --prompts-file)", file=sys.stderr)
+            return 2
+        if len(prompts) > 1:  # a batch: progress bar, then every answer
+            outs = llm.generate([_render(llm, p, args.raw) for p in prompts], params)
+            for p, o in zip(prompts, outs):
+                print(f"### {p}\n{o.outputs[0].text}\n")
+                if o.hidden_states_path:
+                    print(f"[hidden states: {o.hidden_states_path}]", file=sys.stderr)
+            if _spec_line(llm.stats()):
+                print(_spec_line(llm.stats()), file=sys.stderr)
             return 0
-        if not line:
-            return 0
-        if line == "/reset":
-            history = history[:1] if args.system else []
-            continue
-        history.append({"role": "user", "content": line})
         text = ""
-        for out in llm.stream(_render(llm, history), params):
+        out = None
+        for out in llm.stream(_render(llm, prompts[0], args.raw), params):
             delta = out.outputs[0].text[len(text):]
             text = out.outputs[0].text
             print(delta, end="", flush=True)
         print()
-        history.append({"role": "assistant", "content": text})
+        if out is not None and not args.quiet:
+            m, n = out.metrics, len(out.outputs[0].token_ids)
+            tpot = m.time_per_output_token
+            print(f"[{n} tokens, finish={out.outputs[0].finish_reason}, ttft={m.time_to_first_token * 1e3:.0f} ms"
+                  + (f", {1 / tpot:.1f} tok/s decode]" if tpot else "]"), file=sys.stderr)
+            if _spec_line(out.spec_metrics):
+                print(f"[{_spec_line(out.spec_metrics)}]", file=sys.stderr)
+            if out.hidden_states_path:
+                print(f"[hidden states: {out.hidden_states_path}]", file=sys.stderr)
+        return 0
+
+
+def cmd_chat(args) -> int:
+    with _make_llm(args) as llm:
+        params = _params(llm, args)
+        history = [{"role": "system", "content": args.system}] if args.system else []
+        print("eyas chat: type a message, empty line or Ctrl-D to quit, /reset to start over.")
+        while True:
+            try:
+                line = input("> ").strip()
+            except EOFError:
+                print()
+                return 0
+            if not line:
+                return 0
+            if line == "/reset":
+                history = history[:1] if args.system else []
+                continue
+            history.append({"role": "user", "content": line})
+            text = ""
+            for out in llm.stream(_render(llm, history), params):
+                delta = out.outputs[0].text[len(text):]
+                text = out.outputs[0].text
+                print(delta, end="", flush=True)
+            print()
+            history.append({"role": "assistant", "content": text})
 
 
 def cmd_bench(args) -> int:
     from eyas.data.prompts import chat_prompts
 
-    llm = _make_llm(args)
-    prompts = [_render(llm, c) for c in chat_prompts(args.num_prompts)]
-    params = dataclasses.replace(_params(llm, args), ignore_eos=True)
-    llm.generate(prompts[: min(2, len(prompts))], dataclasses.replace(params, max_tokens=4), use_tqdm=False)  # warm-up
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params)
-    elapsed = time.perf_counter() - start
-    generated = sum(len(o.outputs[0].token_ids) for o in outs)
-    prompt_tokens = sum(len(o.prompt_token_ids) for o in outs)
-    ttft = sorted(o.metrics.time_to_first_token for o in outs)
-    print(f"requests: {len(outs)}  prompt tokens: {prompt_tokens}  generated tokens: {generated}")
-    print(f"elapsed: {elapsed:.2f} s  output throughput: {generated / elapsed:.1f} tok/s  "
-          f"total throughput: {(generated + prompt_tokens) / elapsed:.1f} tok/s")
-    print(f"median time to first token: {ttft[len(ttft) // 2] * 1e3:.0f} ms")
-    if _spec_line(llm.stats()):
-        print(_spec_line(llm.stats()))
-    return 0
+    with _make_llm(args) as llm:
+        prompts = [_render(llm, c) for c in chat_prompts(args.num_prompts)]
+        params = dataclasses.replace(_params(llm, args), ignore_eos=True)
+        warmup = dataclasses.replace(params, max_tokens=4)
+        llm.generate(prompts[: min(2, len(prompts))], warmup, use_tqdm=False)
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        elapsed = time.perf_counter() - start
+        generated = sum(len(o.outputs[0].token_ids) for o in outs)
+        prompt_tokens = sum(len(o.prompt_token_ids) for o in outs)
+        ttft = sorted(o.metrics.time_to_first_token for o in outs)
+        print(f"requests: {len(outs)}  prompt tokens: {prompt_tokens}  generated tokens: {generated}")
+        print(f"elapsed: {elapsed:.2f} s  output throughput: {generated / elapsed:.1f} tok/s  "
+              f"total throughput: {(generated + prompt_tokens) / elapsed:.1f} tok/s")
+        print(f"median time to first token: {ttft[len(ttft) // 2] * 1e3:.0f} ms")
+        if _spec_line(llm.stats()):
+            print(_spec_line(llm.stats()))
+        return 0
 
 
 def cmd_serve(args) -> int:
@@ -221,12 +238,13 @@ def cmd_serve(args) -> int:
         raise ValueError(f"--max-waiting: {args.max_waiting} must be >= 1")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port: {args.port} must be in [0, 65535]")
-    llm = _make_llm(args)
-    name = args.served_model_name or (args.model if args.model else "SmolLM2-135M-Instruct")
-    settings = ServerSettings(name, api_key=args.api_key or os.environ.get("EYAS_API_KEY") or None,
-                              max_waiting=args.max_waiting, per_request_spec_metrics=args.per_request_spec_metrics)
-    serve(llm, settings, args.host, args.port)
-    return 0
+    with _make_llm(args) as llm:
+        name = args.served_model_name or (args.model if args.model else "SmolLM2-135M-Instruct")
+        settings = ServerSettings(name, api_key=args.api_key or os.environ.get("EYAS_API_KEY") or None,
+                                  max_waiting=args.max_waiting,
+                                  per_request_spec_metrics=args.per_request_spec_metrics)
+        serve(llm, settings, args.host, args.port)
+        return 0
 
 
 def cmd_extract(args) -> int:

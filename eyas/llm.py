@@ -88,6 +88,17 @@ class LLM:
         self.engine = Engine(config, self.tokenizer, attention_backend)
         self._ids = itertools.count()
 
+    def close(self) -> None:
+        """Shut down the engine: a suffix cache file (``suffix_decoding_cache_file``) is written now. Nothing
+        runs after it. Without a call it is written at interpreter exit. ``with LLM(...) as llm:`` closes too."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def stats(self) -> dict:
         """Engine-wide speculation metrics: drafted, accepted, mean acceptance length, per position."""
         return self.engine.stats()

@@ -33,6 +33,18 @@ def test_generate_with_hidden_state_extraction_names_the_file(tiny_models, tmp_p
     assert len(files) == 1 and f"[hidden states: {files[0]}]" in capsys.readouterr().err
 
 
+def test_generate_with_suffix_decoding_keeps_its_cache_file(tiny_models, tmp_path, capsys):
+    from eyas.spec.suffix import load_outputs
+
+    cache = tmp_path / "suffix.cache"
+    args = ["generate", "hello there", "--model", str(tiny_models["llama"]), "--max-tokens", "6", "--kv-cache-gb", "0.01",
+            "--max-model-len", "128", "--spec-method", "suffix", "--suffix-max-tree-depth", "8", "--suffix-cache", str(cache)]
+    assert main(args) == 0 and [len(o) for o in load_outputs(str(cache), 320)] == [6]  # saved when the command ends
+    assert main(args) == 0 and [len(o) for o in load_outputs(str(cache), 320)] == [6, 6]  # loaded, then one more
+    assert main(args + ["--suffix-min-token-prob", "2"]) == 2
+    assert "suffix_decoding_min_token_prob: 2.0 must be a number in [0, 1]" in capsys.readouterr().err
+
+
 def test_generate_batch_and_bench(tiny_models, tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("one\ntwo\nthree\n")

@@ -76,6 +76,7 @@ def test_edge_cases(history, min_n, max_n, k, expected):
 def _input(token_ids: list[list[int]], emitted: list[list[int]], num_emitted: list[int], k: int) -> ProposerInput:
     R = len(token_ids)
     return ProposerInput(
+        request_ids=[str(r) for r in range(R)],
         token_ids=token_ids,
         emitted=torch.tensor(emitted, dtype=torch.int64),
         num_emitted=torch.tensor(num_emitted, dtype=torch.int64),

@@ -36,6 +36,7 @@ def spec_models(tmp_path_factory):
 SHARED = {"verification": "shared_noise"}  # token-identical seeded output
 METHODS = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3, **SHARED},
+    "suffix": {"method": "suffix", **SHARED},  # k: the longest draft the default trees allow (12)
     "self_draft": {"method": "draft_model", "num_speculative_tokens": 3, "draft_num_layers": 2, **SHARED},
     "draft_model": {"method": "draft_model", "num_speculative_tokens": 3, "model": "DRAFT", **SHARED},
 }

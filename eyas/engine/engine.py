@@ -115,7 +115,7 @@ class Engine:
         request = self.scheduler.finish(request_id, RequestStatus.FINISHED_ABORTED)
         if request is None:
             return None
-        self.runner.forget(request_id)
+        self.runner.request_ended(request_id, request.token_ids, request.num_prompt_tokens)
         return self.outputs.output(request)
 
     def _forget_parent(self, parent: ParentRequest) -> None:
@@ -141,8 +141,8 @@ class Engine:
                 self.scheduler.finish(request.request_id, RequestStatus.FINISHED_STOPPED)
             output = self.outputs.output(request)
             if request.status.finished:
-                self.runner.forget(request.request_id)
                 output.hidden_states_path = self._save_finished(request)
+                self.runner.request_ended(request.request_id, request.token_ids, request.num_prompt_tokens)
             parent = self._parent_of.get(request.request_id)
             if parent is not None:
                 for child in parent.release():  # child 0 has a token: the prompt's blocks are cached
@@ -164,6 +164,10 @@ class Engine:
     def flush(self) -> None:
         """Wait for background work of finished requests (hidden-state files) and raise its errors."""
         self.runner.flush()
+
+    def close(self) -> None:
+        """Shut down: the proposer persists what outlives the engine (the suffix cache file). Call it last."""
+        self.runner.close()
 
     def stats(self) -> dict:
         """Engine-wide speculation totals (acceptance length, per-position acceptance, ...)."""

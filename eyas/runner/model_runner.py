@@ -193,6 +193,7 @@ class ModelRunner:
     def _propose(self, plan: SchedulerOutput, inputs: _Inputs, out: ModelOutput, entries: list[ScheduledRequest],
                  result: VerifyResult) -> ProposerOutput:
         inp = ProposerInput(
+            request_ids=[e.request.request_id for e in entries],
             token_ids=[e.request.token_ids for e in entries],
             emitted=result.output_tokens,
             num_emitted=result.num_accepted + 1,
@@ -229,9 +230,19 @@ class ModelRunner:
         return self.proposer.request_finished(request_id, token_ids, num_prompt_tokens, block_tables) \
             if self.proposer else None
 
+    def request_ended(self, request_id: str, token_ids: list[int], num_prompt_tokens: int) -> None:
+        """A request finished or was aborted: drop its state here and in the proposer."""
+        self.forget(request_id)
+        if self.proposer:
+            self.proposer.request_ended(request_id, token_ids, num_prompt_tokens)
+
     def flush(self) -> None:
         if self.proposer:
             self.proposer.flush()
+
+    def close(self) -> None:
+        if self.proposer:
+            self.proposer.close()
 
     def forget(self, request_id: str) -> None:
         """Drop per-request device state of a finished or preempted request."""

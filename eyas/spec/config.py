@@ -7,7 +7,9 @@ from dataclasses import dataclass, fields
 MAX_SPECULATIVE_TOKENS = 16
 # options that belong to one method or a few; a proposer lists the ones it reads in ``config_fields``
 METHOD_FIELDS = frozenset({"prompt_lookup_min", "prompt_lookup_max", "model", "draft_num_layers", "aux_layer_ids",
-                           "output_dir", "include_output_tokens"})
+                           "output_dir", "include_output_tokens", "suffix_decoding_max_tree_depth",
+                           "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
+                           "suffix_decoding_min_token_prob", "suffix_decoding_cache_file"})
 VERIFICATION_MODES = ("rejection", "shared_noise")
 
 
@@ -47,6 +49,12 @@ class SpeculativeConfig:
     aux_layer_ids: tuple[int, ...] | None = None  # target layers whose input stream is read (vLLM convention)
     output_dir: str | None = None  # extract_hidden_states: where {request_id}.safetensors files go
     include_output_tokens: bool = False  # extract_hidden_states: dump generated tokens too
+    # suffix decoding (eyas.spec.suffix; vLLM's names and defaults): depth of the suffix trees (match + draft),
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 10000  # outputs kept in the global tree (FIFO); 0 = no global tree
+    suffix_decoding_max_spec_factor: float = 1.0  # at most factor x match length drafted
+    suffix_decoding_min_token_prob: float = 0.1  # stop drafting where the continuation's probability falls below
+    suffix_decoding_cache_file: str | None = None  # global tree saved here at shutdown, loaded at start
 
     def row_cost(self, device_type: str) -> float:
         if self.draft_row_cost is not None:

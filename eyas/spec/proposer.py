@@ -24,6 +24,7 @@ class ProposerInput:
     the layout too, so a drafter with its own KV cache can keep it in step with the target.
     """
 
+    request_ids: list[str]  # [R] for proposers that keep per-request state between steps (see request_ended)
     token_ids: list[list[int]]  # [R] host: committed history (prompt + outputs), emitted tokens NOT included
     emitted: torch.Tensor  # [R, k'+1] int64, tokens emitted this step, padded with -1
     num_emitted: torch.Tensor  # [R] int64 (accepted drafts + 1)
@@ -88,8 +89,15 @@ class Proposer(ABC):
         """
         return None
 
+    def request_ended(self, request_id: str, token_ids: list[int], num_prompt_tokens: int) -> None:
+        """A request left the engine for good (finished, stopped or aborted; not preempted), whether or not
+        it ever reached ``propose``: drop its per-request state. ``token_ids``: prompt + every committed output."""
+
     def flush(self) -> None:
         """Wait until everything handed to background work is done; raise its first error."""
+
+    def close(self) -> None:
+        """The engine shuts down: persist what should outlive it. No ``propose`` follows; a second call is a no-op."""
 
 
 _REGISTRY = {
@@ -99,6 +107,7 @@ _REGISTRY = {
     "eagle": ("eyas.spec.speculator", "EagleSpeculator"),
     "eagle3": ("eyas.spec.speculator", "Eagle3Speculator"),
     "mtp": ("eyas.spec.speculator", "MtpSpeculator"),
+    "suffix": ("eyas.spec.suffix", "SuffixProposer"),
 }
 
 
