@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -42,6 +42,9 @@ class ProposerInput:
     # sampling: draft j of row r is verified at sequence index len(token_ids[r]) + num_emitted[r] + j
     seeds: torch.Tensor  # [R] int64
     sampling_params: list[Any]  # [R] SamplingParams
+    # [R] eyas.sampling.grammar.GrammarState of each row's committed output, None without a grammar
+    # (empty: no row has one); read by the GrammarDrafts wrapper, which every proposer is built in
+    grammars: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -49,6 +52,7 @@ class ProposerOutput:
     draft_token_ids: torch.Tensor  # [R, k] int64; only the first num_drafts[r] of row r count
     num_drafts: torch.Tensor  # [R] int64 (0 = no speculation for this request this step)
     draft_probs: torch.Tensor | None = None  # [R, k, vocab] float32, for rejection sampling; None = one-hot
+    forced: torch.Tensor | None = None  # [R, k] bool: the draft is the only token its grammar admits there
 
 
 class Proposer(ABC):
@@ -111,3 +115,11 @@ def proposer_class(method: str) -> type[Proposer]:
         raise ValueError(f"speculative_config.method: '{method}' is not one of {', '.join(proposer_methods())}")
     module, cls = _REGISTRY[method]
     return getattr(importlib.import_module(module), cls)
+
+
+def make_proposer(spec, config, target) -> Proposer:
+    """The method's proposer, wrapped so that requests with a grammar get grammar-aware drafts
+    (``eyas.spec.grammar_drafts``)."""
+    from eyas.spec.grammar_drafts import GrammarDrafts
+
+    return GrammarDrafts(proposer_class(spec.method)(spec, config, target), spec.num_speculative_tokens)
