@@ -36,7 +36,7 @@ from eyas.sampling.grammar_masks import GrammarMasks, GrammarTimings, MaskFiller
 from eyas.sampling.penalties import penalize
 from eyas.sampling.rejection import VerifyResult, greedy_verify, rejection_sample, shared_noise_verify
 from eyas.sampling.sampler import Sampler, SamplingBatch, raw_logprobs
-from eyas.spec.proposer import ProposerInput, ProposerOutput, make_proposer
+from eyas.spec.proposer import ProposerInput, ProposerOutput, proposer_class
 
 
 @dataclass
@@ -68,7 +68,7 @@ class ModelRunner:
         self.backend = get_backend(attention_backend or default_backend(config.device))
         self.sampler = Sampler()
         self.block_size = config.cache.block_size
-        self.proposer = make_proposer(spec, config, self.model) if spec else None
+        self.proposer = proposer_class(spec.method)(spec, config, self.model) if spec else None
         if self.proposer is not None:
             self.model.set_aux_layer_ids(self.proposer.aux_layer_ids)
         self.verification = spec.verification if spec else "shared_noise"
@@ -80,7 +80,7 @@ class ModelRunner:
     @property
     def grammar_timings(self) -> GrammarTimings:
         """What structured output cost: masks (and how much of them the forward did not hide), draft walks."""
-        return dataclasses.replace(self.masks.timings, draft_seconds=self.proposer.seconds if self.proposer else 0.0)
+        return dataclasses.replace(self.masks.timings, draft_seconds=self.proposer.grammar_seconds if self.proposer else 0.0)
 
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]:
         """The target's layers form group 0; a proposer may add groups of its own after it."""
@@ -239,7 +239,7 @@ class ModelRunner:
             sampling_params=[e.request.params for e in entries],
             grammars=[e.request.grammar for e in entries],
         )
-        return self.proposer.propose(inp)
+        return self.proposer.draft(inp)
 
     def _collect(self, entries: list[ScheduledRequest], proposal) -> tuple[dict[str, list[int]], dict[str, list[bool]]]:
         """Copy the proposal (drafts, forced flags) to the host; keep draft probabilities on the device for

@@ -7,6 +7,7 @@ once per step, after verification, for the requests that sampled this step.
 from __future__ import annotations
 
 import importlib
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -43,7 +44,7 @@ class ProposerInput:
     seeds: torch.Tensor  # [R] int64
     sampling_params: list[Any]  # [R] SamplingParams
     # [R] eyas.sampling.grammar.GrammarState of each row's committed output, None without a grammar
-    # (empty: no row has one); read by the GrammarDrafts wrapper, which every proposer is built in
+    # (empty: no row has one); read by ``Proposer.draft``, not by ``propose``
     grammars: list[Any] = field(default_factory=list)
 
 
@@ -62,6 +63,7 @@ class Proposer(ABC):
     config_fields: ClassVar[frozenset[str]] = frozenset()  # method options of SpeculativeConfig it reads
     needs_hidden_states: ClassVar[bool] = False  # target's last hidden states of the verification forward
     aux_layer_ids: tuple[int, ...] = ()  # target aux layers it reads (vLLM convention); set before the first step
+    grammar_seconds: float = 0.0  # spent in ``draft`` walking drafts under grammars
 
     @classmethod
     def validate_config(cls, config) -> None:
@@ -82,6 +84,19 @@ class Proposer(ABC):
     @abstractmethod
     def propose(self, inp: ProposerInput) -> ProposerOutput:
         ...
+
+    def draft(self, inp: ProposerInput) -> ProposerOutput:
+        """What the runner calls: ``propose``, then, for rows with a grammar, the grammar-aware walk of
+        ``eyas.spec.grammar_drafts`` (forbidden drafts cut, forced tokens drafted), for every method alike."""
+        from eyas.spec.grammar_drafts import grammar_drafts
+
+        out = self.propose(inp)
+        if all(grammar is None for grammar in inp.grammars):
+            return out
+        start = time.perf_counter()
+        out = grammar_drafts(inp, out)
+        self.grammar_seconds += time.perf_counter() - start
+        return out
 
     def request_finished(self, request_id: str, token_ids: list[int], num_prompt_tokens: int,
                          block_tables: list[list[int]]) -> str | None:
@@ -115,11 +130,3 @@ def proposer_class(method: str) -> type[Proposer]:
         raise ValueError(f"speculative_config.method: '{method}' is not one of {', '.join(proposer_methods())}")
     module, cls = _REGISTRY[method]
     return getattr(importlib.import_module(module), cls)
-
-
-def make_proposer(spec, config, target) -> Proposer:
-    """The method's proposer, wrapped so that requests with a grammar get grammar-aware drafts
-    (``eyas.spec.grammar_drafts``)."""
-    from eyas.spec.grammar_drafts import GrammarDrafts
-
-    return GrammarDrafts(proposer_class(spec.method)(spec, config, target), spec.num_speculative_tokens)
