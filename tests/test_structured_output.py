@@ -225,10 +225,10 @@ def test_n_samples_and_prefix_caching_each_follow_their_own_grammar_position(tin
     the single request with its seed, with and without speculation."""
     path = str(tiny_models["llama"])
     params = SamplingParams(n=4, temperature=0.9, seed=40, max_tokens=128, structured_output={"json": SCHEMA})
-    single = LLM(path, **SETTINGS)
-    want = [single.generate([[3, 4, 5] * 10], SamplingParams(temperature=0.9, seed=40 + i, max_tokens=128,
-                                                             structured_output={"json": SCHEMA}),
-                            use_tqdm=False)[0].outputs[0].token_ids for i in range(4)]
+    singles = [SamplingParams(temperature=0.9, seed=40 + i, max_tokens=128, structured_output={"json": SCHEMA})
+               for i in range(4)]
+    want = _tokens(LLM(path, **SETTINGS, enable_prefix_caching=False).generate([[3, 4, 5] * 10] * 4, singles,
+                                                                               use_tqdm=False))
     for spec in (None, {"method": "draft_model", "num_speculative_tokens": 3, "draft_num_layers": 1,
                         "verification": "shared_noise"}):
         out = LLM(path, **SETTINGS, speculative_config=spec).generate([[3, 4, 5] * 10], params, use_tqdm=False)[0]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import llguidance
 import torch
 
-from eyas.sampling.grammar import GrammarState
+from eyas.sampling.grammar import GrammarState, allowed_tokens
 
 
 @dataclass
@@ -81,7 +81,6 @@ class MaskFiller:
         self.words = (vocab_size + 31) // 32
         self.executor = llguidance.LLExecutor(num_threads=threads or max(1, min(4, (os.cpu_count() or 2) // 2)))
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="eyas-grammar")
-        self.shifts = torch.arange(32, dtype=torch.int32)
         self.timings = GrammarTimings()
 
     def start(self, jobs: list[tuple[GrammarState, int, list[int]]], num_rows: int) -> PendingMasks | None:
@@ -102,8 +101,7 @@ class MaskFiller:
             self.executor.unsafe_compute_mask_ptr_with_draft_token(drafting, bitmask.data_ptr(), self.words * 4,
                                                                    num_rows)
         rows = torch.tensor([first + j for _, first, drafts in jobs for j in range(len(drafts) + 1)])  # [G]
-        bits = (bitmask[rows].unsqueeze(-1) >> self.shifts) & 1  # [G, W, 32], bit t % 32 of word t // 32
-        grammar_allowed = bits.view(len(rows), -1)[:, :self.vocab_size].bool()  # [G, V]
+        grammar_allowed = allowed_tokens(bitmask[rows], self.vocab_size)  # [G, V]
         ended = ~grammar_allowed.any(dim=-1)  # rows past an end-of-sequence draft
         eos = torch.tensor(sorted(jobs[0][0].eos_token_ids), dtype=torch.int64)
         grammar_allowed[ended.nonzero()[:, :1], eos] = True

@@ -41,7 +41,11 @@ def grammar_drafts(inp: ProposerInput, out: ProposerOutput) -> ProposerOutput:
     for r, grammar in enumerate(inp.grammars):
         if grammar is None:
             continue
-        plan = grammar.plan_drafts(emitted[r][:num_emitted[r]], proposed[r][:counts[r]], k)
+        walk = grammar.fork(emitted[r][:num_emitted[r]])
+        if walk is None:  # the request ends this step
+            counts[r] = 0
+            continue
+        plan = walk.plan_drafts(proposed[r][:counts[r]], k)
         n = len(plan.tokens)
         drafts[r, :n] = torch.tensor(plan.tokens, dtype=torch.int64)
         forced[r, :n] = torch.tensor(plan.forced)
