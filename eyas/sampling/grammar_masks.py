@@ -76,19 +76,22 @@ class PendingMasks:
 class MaskFiller:
     """One per runner: a worker thread and llguidance's executor."""
 
-    def __init__(self, vocab_size: int, threads: int | None = None):
+    def __init__(self, vocab_size: int):
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
-        self.executor = llguidance.LLExecutor(num_threads=threads or max(1, min(4, (os.cpu_count() or 2) // 2)))
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="eyas-grammar")
         self.timings = GrammarTimings()
+        self._executor: llguidance.LLExecutor | None = None  # both made on the first request with a grammar
+        self._pool: ThreadPoolExecutor | None = None
 
     def start(self, jobs: list[tuple[GrammarState, int, list[int]]], num_rows: int) -> PendingMasks | None:
         """``jobs``: (grammar position, first logits row, drafts) of each request with a grammar, whose
         rows are ``first .. first + len(drafts)``; ``num_rows``: the step's logits rows. None: no job."""
         if not jobs:
             return None
-        return PendingMasks(self.pool.submit(self._fill, jobs, num_rows), self.timings)
+        if self._pool is None:
+            self._executor = llguidance.LLExecutor(num_threads=max(1, min(4, (os.cpu_count() or 2) // 2)))
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="eyas-grammar")
+        return PendingMasks(self._pool.submit(self._fill, jobs, num_rows), self.timings)
 
     def _fill(self, jobs: list[tuple[GrammarState, int, list[int]]], num_rows: int) -> tuple[torch.Tensor, float]:
         start = time.perf_counter()
@@ -96,9 +99,9 @@ class MaskFiller:
         plain = [(state.matcher, first) for state, first, drafts in jobs if not drafts]
         drafting = [(state.matcher, first, drafts) for state, first, drafts in jobs if drafts]
         if plain:
-            self.executor.unsafe_compute_mask_ptr(plain, bitmask.data_ptr(), self.words * 4, num_rows)
+            self._executor.unsafe_compute_mask_ptr(plain, bitmask.data_ptr(), self.words * 4, num_rows)
         if drafting:  # rows first .. first + len(drafts): after each draft prefix (the matcher is restored)
-            self.executor.unsafe_compute_mask_ptr_with_draft_token(drafting, bitmask.data_ptr(), self.words * 4,
+            self._executor.unsafe_compute_mask_ptr_with_draft_token(drafting, bitmask.data_ptr(), self.words * 4,
                                                                    num_rows)
         rows = torch.tensor([first + j for _, first, drafts in jobs for j in range(len(drafts) + 1)])  # [G]
         grammar_allowed = allowed_tokens(bitmask[rows], self.vocab_size)  # [G, V]
