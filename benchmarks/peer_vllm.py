@@ -12,6 +12,8 @@ written by eyas in the main environment.
 
 For each batch size B it warms up, then times ``llm.generate`` over the first B prompts in one
 call (B > 1), or over the first ``--batch1-prompts`` prompts one call each, summed (B == 1).
+``--structured FILE`` (a JSON list, one vLLM ``structured_outputs`` dict per prompt, e.g.
+``{"json": schema}``) constrains each prompt's output, with any whitespace disabled (as eyas writes JSON).
 One JSON object per batch size goes to stdout (vLLM's own logging is sent to stderr), with
 tokens/s and the greedy token ids of every prompt, so a caller can compare them with eyas.
 Start-up (model load, compile, KV-cache allocation) takes about a minute and is not timed. Prefix
@@ -31,6 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="local HF model folder")
     p.add_argument("--prompts", required=True, help="JSON file: a list of token-id lists")
+    p.add_argument("--structured", default=None,
+                   help="JSON file: one structured_outputs dict per prompt (json, regex, choice, grammar)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--batch-sizes", default="1,8", help="comma-separated, e.g. 1,8")
     p.add_argument("--batch1-prompts", type=int, default=4,
@@ -176,22 +180,34 @@ def main(argv: list[str] | None = None) -> int:
     )
     startup_s = time.perf_counter() - t0
 
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
+    params = [SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
+              for _ in prompts]
+    if args.structured:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        with open(args.structured, encoding="utf-8") as f:
+            specs = json.load(f)
+        if not isinstance(specs, list) or len(specs) != len(prompts):
+            raise SystemExit(f"{args.structured}: expected a list of {len(prompts)} structured_outputs dicts")
+        params = [SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
+                                 structured_outputs=StructuredOutputsParams(**spec, disable_any_whitespace=True))
+                  for spec in specs]
     warm = SamplingParams(temperature=0.0, max_tokens=args.warmup_tokens, ignore_eos=True)
 
-    def run(batch: list[list[int]], sp) -> tuple[float, list]:
+    def run(batch: list[int], sp) -> tuple[float, list]:
+        """``batch``: prompt indices; ``sp``: one SamplingParams, or one per prompt (indexed like prompts)."""
         start = time.perf_counter()
-        outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in batch], sp,
-                            use_tqdm=False)
+        outs = llm.generate([TokensPrompt(prompt_token_ids=list(prompts[i])) for i in batch],
+                            [sp[i] for i in batch] if isinstance(sp, list) else sp, use_tqdm=False)
         return time.perf_counter() - start, outs
 
     for bs in args.batch_sizes:
         if bs == 1:
             chosen = prompts[: args.batch1_prompts]
-            groups = [[p] for p in chosen]
+            groups = [[i] for i in range(len(chosen))]
         else:
             chosen = prompts[:bs]
-            groups = [chosen]
+            groups = [list(range(len(chosen)))]
         if len(chosen) < (args.batch1_prompts if bs == 1 else bs):
             print(f"peer_vllm: warning: only {len(chosen)} prompts for batch size {bs}",
                   file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
 
@@ -78,6 +79,8 @@ def _sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
                    help="> 1 discourages tokens of the prompt and the output so far (1 = off; default: the model's)")
     g.add_argument("--presence-penalty", type=float, default=0.0, help="subtracted once per token already output")
     g.add_argument("--frequency-penalty", type=float, default=0.0, help="subtracted per occurrence in the output")
+    g.add_argument("--json-schema", default=None, metavar="FILE",
+                   help="structured output: every answer is JSON valid under the schema in FILE")
 
 
 def _spec_config(args) -> dict | None:
@@ -128,8 +131,15 @@ def _params(llm, args):
     given = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
                  repetition_penalty=args.repetition_penalty)
     kw = {**llm.sampling_defaults, **{k: v for k, v in given.items() if v is not None}}
+    structured = None
+    if args.json_schema is not None:
+        try:
+            with open(args.json_schema, encoding="utf-8") as f:
+                structured = {"json": json.load(f)}
+        except (OSError, ValueError) as error:
+            raise ValueError(f"--json-schema: cannot read a JSON schema from {args.json_schema} ({error})") from None
     return SamplingParams(max_tokens=args.max_tokens, seed=args.seed, presence_penalty=args.presence_penalty,
-                          frequency_penalty=args.frequency_penalty, **kw)
+                          frequency_penalty=args.frequency_penalty, structured_output=structured, **kw)
 
 
 def _render(llm, messages: list[dict] | str, raw: bool = False) -> list[int]:

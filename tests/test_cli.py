@@ -83,3 +83,17 @@ def test_sampling_defaults_come_from_generation_config_then_the_api(tiny_models,
     assert sampling_defaults(None, folder) == {**BUILT_IN_SAMPLING, "temperature": 0.3, "top_k": 20}
     assert sampling_defaults("smollm2", tmp_path) == BUILT_IN_SAMPLING == {"temperature": 0.2, "top_p": 0.9,
                                                                            "repetition_penalty": 1.1}
+
+
+def test_generate_with_a_json_schema_file(tiny_models, tmp_path, capsys):
+    schema = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 50}},
+              "required": ["id"], "additionalProperties": False}
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    model = ["--model", str(tiny_models["llama"]), "--kv-cache-gb", "0.01", "--max-model-len", "128", "--quiet",
+             "--temperature", "0"]
+    assert main(["generate", "hello", "--json-schema", str(tmp_path / "schema.json"), *model]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert set(answer) == {"id"} and 0 <= answer["id"] <= 50
+    (tmp_path / "bad.json").write_text("{not json")
+    assert main(["generate", "hello", "--json-schema", str(tmp_path / "bad.json"), *model]) == 2
+    assert "--json-schema: cannot read a JSON schema from" in capsys.readouterr().err

@@ -119,6 +119,15 @@ def test_a_disconnect_mid_stream_aborts_and_frees_the_blocks(server):
     ("/v1/completions", {"prompt": "hi", "logprobs": 50}, 400, "logprobs"),
     ("/v1/completions", {"prompt": {"no": 1}}, 400, "prompt"),
     ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {"type": "json_schema"}}, 400, "response_format"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {"type": "xml"}}, 400, "response_format"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "objekt"}}}}, 400, "structured_output"),
+    ("/v1/completions", {"prompt": "hi", "guided_regex": "[a-z"}, 400, "structured_output"),
+    ("/v1/completions", {"prompt": "hi", "structured_outputs": {"grammar": "start: nothing_here"}}, 400,
+     "structured_output"),
+    ("/v1/completions", {"prompt": "hi", "structured_outputs": {"whitespace_pattern": " "}}, 400, "structured_outputs"),
+    ("/v1/completions", {"prompt": "hi", "guided_choice": ["a"], "guided_regex": "a"}, 400, "guided_regex"),
     ("/v1/nothing", {}, 404, None),
 ])
 def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, path, body, status, param):
@@ -257,3 +266,31 @@ def test_logprobs_equal_offline(server, offline):
                                           top_logprobs=3).choices[0]
     assert len(chat.logprobs.content) == 4 and all(len(t.top_logprobs) == 3 for t in chat.logprobs.content)
     assert all(t.logprob <= 0 and t.logprob >= t.top_logprobs[-1].logprob for t in chat.logprobs.content)
+
+
+def test_structured_output_fields_equal_offline_structured_output(server, offline):
+    """response_format (json_object, json_schema), structured_outputs and guided_* reach the engine as
+    SamplingParams.structured_output: the same text as offline, and valid."""
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
+                                               "ok": {"type": "boolean"}}, "required": ["n", "ok"],
+              "additionalProperties": False}
+    client = _client(server)
+    cases = [({"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}},
+              {"json": schema}),
+             ({"response_format": {"type": "json_object"}}, {"json_object": True}),
+             ({"extra_body": {"structured_outputs": {"choice": ["yes", "no"]}}}, {"choice": ["yes", "no"]}),
+             ({"extra_body": {"guided_regex": "[0-9]{3}"}}, {"regex": "[0-9]{3}"})]
+    for fields, structured in cases:
+        chat = client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0, max_tokens=60, **fields)
+        want = offline.chat(MESSAGES, SamplingParams(temperature=0, max_tokens=60, structured_output=structured),
+                            use_tqdm=False)[0].outputs[0]
+        assert chat.choices[0].message.content == want.text
+        assert chat.choices[0].finish_reason == want.finish_reason == ("length" if "json_object" in structured else "stop")
+    jsonschema.validate(json.loads(client.chat.completions.create(
+        model="tiny", messages=MESSAGES, temperature=0, max_tokens=60, response_format=cases[0][0]["response_format"]
+    ).choices[0].message.content), schema)
+    got = client.completions.create(model="tiny", prompt="abc", temperature=0, max_tokens=20,
+                                    extra_body={"guided_choice": ["left", "right"]})
+    assert got.choices[0].text in ("left", "right")

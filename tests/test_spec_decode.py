@@ -249,15 +249,18 @@ def test_acceptance_estimate_is_decayed_accepted_over_accepted_plus_rejections()
 def test_draft_allocation_follows_the_documented_examples():
     from eyas.spec.adaptive import allocate_drafts
 
-    assert allocate_drafts([(8, 0.85)], num_rows=1, row_cost=0.05, max_drafts=64) == [8]
-    assert allocate_drafts([(8, 0.5)] * 8, num_rows=8, row_cost=0.05, max_drafts=64) == [1] * 8
-    assert allocate_drafts([(8, 0.5)] * 8, num_rows=8, row_cost=0.0, max_drafts=64) == [8] * 8  # CUDA: all
+    assert allocate_drafts([(8, 0.85, 0)], num_rows=1, row_cost=0.05, max_drafts=64) == [8]
+    assert allocate_drafts([(8, 0.5, 0)] * 8, num_rows=8, row_cost=0.05, max_drafts=64) == [1] * 8
+    assert allocate_drafts([(8, 0.5, 0)] * 8, num_rows=8, row_cost=0.0, max_drafts=64) == [8] * 8  # CUDA: all
     # best drafts first: the 0.95 request's two (0.95, 0.90) and 0.5's first two (0.5, 0.25) beat
     # the 0.5 request's third (0.125); a request offering none gets none; the budget caps the total
-    assert allocate_drafts([(3, 0.5), (0, 0.9), (2, 0.95)], num_rows=3, row_cost=0.05, max_drafts=64) == [2, 0, 2]
-    assert allocate_drafts([(3, 0.5), (0, 0.9), (2, 0.95)], num_rows=3, row_cost=0.05, max_drafts=3) == [1, 0, 2]
+    assert allocate_drafts([(3, 0.5, 0), (0, 0.9, 0), (2, 0.95, 0)], num_rows=3, row_cost=0.05, max_drafts=64) == [2, 0, 2]
+    assert allocate_drafts([(3, 0.5, 0), (0, 0.9, 0), (2, 0.95, 0)], num_rows=3, row_cost=0.05, max_drafts=3) == [1, 0, 2]
     # a long prompt chunk in the same forward makes drafts cheap relative to the step
-    assert allocate_drafts([(8, 0.5)] * 8, num_rows=8 + 512, row_cost=0.05, max_drafts=64) == [5] * 8
+    assert allocate_drafts([(8, 0.5, 0)] * 8, num_rows=8 + 512, row_cost=0.05, max_drafts=64) == [5] * 8
+    # drafts forced by a grammar are certain: 8 requests at 0.5 verify their 3 forced drafts (where they would
+    # verify 1 without); then the 4th, worth 0.5, no longer covers its row (0.5 * (1 + 0.05 * 32) < 0.05 * 32)
+    assert allocate_drafts([(8, 0.5, 3)] * 8, num_rows=8, row_cost=0.05, max_drafts=64) == [3] * 8
 
 
 def test_adaptive_drafting_backs_off_when_drafts_are_useless(spec_models, monkeypatch):

@@ -16,6 +16,7 @@ from eyas.engine.scheduler import Scheduler
 from eyas.kv.manager import KVCacheManager
 from eyas.model.tokenizer import Tokenizer
 from eyas.runner.model_runner import ModelRunner
+from eyas.sampling.grammar import GrammarCompiler
 from eyas.sampling.params import SamplingParams
 
 logger = logging.getLogger("eyas")
@@ -44,6 +45,9 @@ class Engine:
         spec = config.speculative
         self.scheduler = Scheduler(config.scheduler, self.kv, spec, spec.row_cost(config.device.type) if spec else 0.0)
         self.outputs = OutputProcessor(tokenizer)
+        # structured output: the grammar ends with the model's end-of-sequence tokens (else the tokenizer's)
+        self.grammars = GrammarCompiler(tokenizer.backend.to_str(), config.model.vocab_size,
+                                        sorted(config.model.eos_token_ids or tokenizer.eos_token_ids))
         self.num_kv_blocks = num_blocks
         self._seed_rng = random.Random(config.seed)
         self.parents: dict[str, ParentRequest] = {}  # SamplingParams.n > 1: parent id -> its children
@@ -70,13 +74,14 @@ class Engine:
         if len(prompt_token_ids) >= max_len:
             raise ValueError(f"prompt: {len(prompt_token_ids)} tokens does not fit max_model_len={max_len} "
                              f"(at most {max_len - 1} prompt tokens, leaving room for one output token)")
+        grammar = self.grammars.compile(params.structured_output) if params.structured_output is not None else None
         if params.n == 1:
             seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
-            self._submit(self._request(request_id, prompt_token_ids, params, seed), prompt)
+            self._submit(self._request(request_id, prompt_token_ids, params, seed, grammar), prompt)
             return
         single = dataclasses.replace(params, n=1)
         seeds = child_seeds(params.seed, params.n, lambda: self._seed_rng.getrandbits(63))
-        children = [self._request(ParentRequest.child_id(request_id, i), prompt_token_ids, single, seed)
+        children = [self._request(ParentRequest.child_id(request_id, i), prompt_token_ids, single, seed, grammar)
                     for i, seed in enumerate(seeds)]
         parent = ParentRequest(request_id, children, prompt)
         self.parents[request_id] = parent
@@ -86,9 +91,12 @@ class Engine:
             for child in parent.release():
                 self._submit(child, prompt)
 
-    def _request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int) -> Request:
+    def _request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int,
+                 grammar: str | None) -> Request:
+        """One engine request; each has its own grammar position (n > 1 children too)."""
         return Request(request_id, list(prompt_token_ids), len(prompt_token_ids), params, seed,
-                       frozenset(self.config.model.eos_token_ids), self.config.scheduler.max_model_len)
+                       frozenset(self.config.model.eos_token_ids), self.config.scheduler.max_model_len,
+                       grammar=self.grammars.state(grammar) if grammar is not None else None)
 
     def _submit(self, request: Request, prompt: str | None) -> None:
         self.scheduler.add(request)
@@ -170,5 +178,6 @@ class Engine:
         self.runner.close()
 
     def stats(self) -> dict:
-        """Engine-wide speculation totals (acceptance length, per-position acceptance, ...)."""
-        return self.scheduler.spec_stats.as_dict()
+        """Engine-wide speculation totals (acceptance length, per-position acceptance, forced drafts, ...) and
+        the cost of structured output per step (``structured_output``)."""
+        return {**self.scheduler.spec_stats.as_dict(), "structured_output": self.runner.grammar_timings.as_dict()}

@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from eyas.sampling.grammar import GrammarState
 from eyas.sampling.params import SamplingParams
 from eyas.spec.metrics import SpecStats
 
@@ -36,6 +37,7 @@ class Request:
     seed: int  # the user's seed, or one drawn at creation: every request samples with keyed noise
     eos_token_ids: frozenset[int]
     max_total_tokens: int  # prompt + output may not pass this (max_model_len)
+    grammar: GrammarState | None = None  # structured output: its position after the committed outputs
     arrival_time: float = field(default_factory=time.perf_counter)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache on first schedule

@@ -36,6 +36,7 @@ class ScheduledRequest:
     draft_token_ids: list[int]  # proposed tokens verified after the committed ones
     block_tables: list[list[int]]  # one per KV-cache group (live view of the manager's table)
     samples: bool  # this step reaches the request's last token, so the target samples a new one
+    draft_forced: list[bool]  # per draft: its grammar admitted that token only (always accepted)
 
 
 @dataclass
@@ -58,6 +59,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.drafts: dict[str, list[int]] = {}  # request id -> draft tokens to verify next step
+        self.forced: dict[str, list[bool]] = {}  # request id -> per draft: forced by its grammar
         self.spec_stats = SpecStats()  # engine-wide acceptance totals
         # block tables of requests that finished normally this step: their blocks are free again but
         # keep their contents until the next forward, so the engine can hand them to the runner
@@ -83,7 +85,7 @@ class Scheduler:
             if num_new <= 0:
                 continue
             samples = num_new == request.num_tokens - request.num_computed_tokens
-            request_drafts = drafts.get(request.request_id, [])
+            request_drafts, request_forced = drafts.get(request.request_id, ([], []))
             lookahead = self.num_lookahead_tokens if samples else 0
             total = request.num_computed_tokens + num_new + len(request_drafts) + lookahead
             while not self.kv.allocate(request.request_id, total):
@@ -95,7 +97,7 @@ class Scheduler:
                     break
             if request.status is not RequestStatus.RUNNING:
                 continue
-            scheduled.append(self._entry(request, num_new, request_drafts))
+            scheduled.append(self._entry(request, num_new, request_drafts, request_forced))
             budget -= num_new
             num_drafts += len(request_drafts)
         budget -= num_drafts
@@ -114,18 +116,18 @@ class Scheduler:
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            scheduled.append(self._entry(request, num_new, []))
+            scheduled.append(self._entry(request, num_new, [], []))
             budget -= num_new
         num_tokens = sum(s.num_new_tokens + len(s.draft_token_ids) for s in scheduled)
         return SchedulerOutput(scheduled, num_tokens, preempted)
 
-    def _plan_drafts(self, budget: int) -> dict[str, list[int]]:
-        """The drafts each decoding request verifies this step: those its adaptive limit, max_tokens and
-        max_model_len allow, then, across the batch, those worth their rows (``allocate_drafts``), within
-        the token budget that every running request's committed tokens leave."""
+    def _plan_drafts(self, budget: int) -> dict[str, tuple[list[int], list[bool]]]:
+        """The drafts each decoding request verifies this step (and their forced flags): those its adaptive
+        limit, max_tokens and max_model_len allow, then, across the batch, those worth their rows
+        (``allocate_drafts``), within the token budget that every running request's committed tokens leave."""
         if self.speculative is None:
             return {}
-        offered: dict[str, list[int]] = {}
+        offered: dict[str, tuple[list[int], list[bool]]] = {}
         num_rows = 0
         for request in self.running:
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
@@ -136,31 +138,38 @@ class Scheduler:
             if num_new == request.num_tokens - request.num_computed_tokens:  # it samples this step
                 offered[request.request_id] = self._usable_drafts(request)
         if self.speculative.adaptive_draft_length:
-            offers = [(len(d), self.budgets[i].acceptance()) for i, d in offered.items()]
+            offers = [(len(d), self.budgets[i].acceptance(), _leading(f)) for i, (d, f) in offered.items()]
             counts = allocate_drafts(offers, num_rows, self.draft_row_cost, budget)
         else:  # every draft, first come first served within the budget
-            counts = allocate_drafts([(len(d), 1.0) for d in offered.values()], num_rows, 0.0, budget)
-        return {i: d[:n] for (i, d), n in zip(offered.items(), counts)}
+            counts = allocate_drafts([(len(d), 1.0, 0) for d, _ in offered.values()], num_rows, 0.0, budget)
+        return {i: (d[:n], f[:n]) for (i, (d, f)), n in zip(offered.items(), counts)}
 
-    def _usable_drafts(self, request: Request) -> list[int]:
-        """The pending drafts that fit the adaptive limit, max_model_len and max_tokens."""
+    def _usable_drafts(self, request: Request) -> tuple[list[int], list[bool]]:
+        """The pending drafts that fit the adaptive limit (which leading forced drafts pass: they are always
+        accepted), max_model_len and max_tokens."""
         drafts = self.drafts.pop(request.request_id, [])
+        forced = self.forced.pop(request.request_id, [False] * len(drafts))
         room = min(request.max_total_tokens - request.num_tokens - 1,
                    request.max_output_tokens - request.num_output_tokens - 1)
         if self.speculative.adaptive_draft_length:
             k = self.speculative.num_speculative_tokens
-            room = min(room, self.budgets.setdefault(request.request_id, DraftBudget.start(k)).take())
-        return drafts[:max(0, room)]
+            limit = self.budgets.setdefault(request.request_id, DraftBudget.start(k)).take()
+            room = min(room, max(limit, _leading(forced)))
+        room = max(0, room)
+        return drafts[:room], forced[:room]
 
-    def _entry(self, request: Request, num_new: int, drafts: list[int]) -> ScheduledRequest:
+    def _entry(self, request: Request, num_new: int, drafts: list[int], forced: list[bool]) -> ScheduledRequest:
         start = request.num_computed_tokens
         return ScheduledRequest(request, start, num_new, drafts, self.kv.block_tables(request.request_id),
-                                samples=start + num_new == request.num_tokens)
+                                samples=start + num_new == request.num_tokens, draft_forced=forced)
 
     def _preempt(self, request: Request) -> None:
+        """Free the request's blocks and queue it for recompute. Its tokens stay, and so does its grammar
+        position (it follows the committed tokens, not the cache); its pending drafts are dropped."""
         self.running.remove(request)
         self.kv.free(request.request_id)
         self.drafts.pop(request.request_id, None)
+        self.forced.pop(request.request_id, None)
         request.status = RequestStatus.WAITING
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -184,15 +193,19 @@ class Scheduler:
             emitted = result.sampled[request.request_id]
             num_accepted = len(emitted) - 1
             request.num_computed_tokens += num_accepted  # accepted drafts are in the cache already
-            request.spec_stats.record(len(entry.draft_token_ids), num_accepted)
-            if request.request_id in self.budgets:
-                self.budgets[request.request_id].update(len(entry.draft_token_ids), num_accepted)
-            self.spec_stats.record(len(entry.draft_token_ids), num_accepted)
+            num_drafts = len(entry.draft_token_ids)
+            request.spec_stats.record(num_drafts, num_accepted, entry.draft_forced)
+            if request.request_id in self.budgets:  # the proposer's own record: leading forced drafts left out
+                lead = min(_leading(entry.draft_forced), num_accepted)
+                self.budgets[request.request_id].update(num_drafts - lead, num_accepted - lead)
+            self.spec_stats.record(num_drafts, num_accepted, entry.draft_forced)
             if request.first_token_time is None:
                 request.first_token_time = now
             for j, token in enumerate(emitted):
                 request.token_ids.append(token)
                 request.drafted.append(j < num_accepted)
+                if request.grammar is not None:
+                    request.grammar.advance(token)
                 if self._stop_reason(request, token) is not None:
                     request.status = self._stop_reason(request, token)
                     break
@@ -204,11 +217,14 @@ class Scheduler:
                 drafts = result.drafts.get(request.request_id)
                 if drafts and request.params.speculate:
                     self.drafts[request.request_id] = drafts
+                    self.forced[request.request_id] = result.forced[request.request_id]
             changed.append(request)
         return changed
 
     def _stop_reason(self, request: Request, token: int) -> RequestStatus | None:
         params = request.params
+        if request.grammar is not None and token in request.grammar.eos_token_ids:
+            return RequestStatus.FINISHED_STOPPED  # the grammar is complete: min_tokens and ignore_eos yield
         if request.num_output_tokens >= params.min_tokens:
             if not params.ignore_eos and token in request.eos_token_ids:
                 return RequestStatus.FINISHED_STOPPED
@@ -237,5 +253,14 @@ class Scheduler:
         if tables is not None and request.status is not RequestStatus.FINISHED_ABORTED:
             self.finished_tables[request.request_id] = tables
         self.drafts.pop(request.request_id, None)
+        self.forced.pop(request.request_id, None)
         self.budgets.pop(request.request_id, None)
         del self.requests[request.request_id]
+
+
+def _leading(forced: list[bool]) -> int:
+    """How many drafts at the front are forced by the grammar (certain to be accepted)."""
+    n = 0
+    while n < len(forced) and forced[n]:
+        n += 1
+    return n

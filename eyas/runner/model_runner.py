@@ -11,11 +11,16 @@ b's tokens move to rows ``b * width ..``, the batch is padded up the ladder with
 block tables to ``table_width``; the hidden states are gathered back into the flat layout, so
 verification and drafting never see the difference. Batches with longer queries (prompt chunks)
 run eagerly on the flat layout.
+
+**Structured output**: the token masks of the verify rows of requests with a grammar are started
+on a worker thread before the forward and applied to the logits after it (``eyas.sampling.grammar_masks``):
+the target's distribution at every verified position is the grammar-masked, renormalised one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,6 +32,7 @@ from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.model.llama import ModelOutput
 from eyas.model.loader import load_model
 from eyas.runner.cuda_graphs import UniformLayout, engine_graphs
+from eyas.sampling.grammar_masks import GrammarMasks, GrammarTimings, MaskFiller, PendingMasks
 from eyas.sampling.penalties import penalize
 from eyas.sampling.rejection import VerifyResult, greedy_verify, rejection_sample, shared_noise_verify
 from eyas.sampling.sampler import Sampler, SamplingBatch, raw_logprobs
@@ -39,6 +45,7 @@ class RunnerOutput:
     num_drafts: dict[str, int]  # request id -> drafts verified this step
     logprobs: dict[str, list[dict[int, float]]]  # request id -> per emitted token {token id: logprob}
     drafts: dict[str, list[int]]  # request id -> draft tokens proposed for the next step
+    forced: dict[str, list[bool]] = field(default_factory=dict)  # request id -> per draft: forced by its grammar
 
 
 @dataclass
@@ -69,6 +76,12 @@ class ModelRunner:
         self._draft_probs: dict[str, torch.Tensor] = {}  # request id -> [k, vocab] of its pending drafts
         self.graphs = engine_graphs(config, self.backend)
         self.max_blocks = config.max_blocks_per_request
+        self.masks = MaskFiller(config.model.vocab_size)
+
+    @property
+    def grammar_timings(self) -> GrammarTimings:
+        """What structured output cost: masks (and how much of them the forward did not hide), draft walks."""
+        return dataclasses.replace(self.masks.timings, draft_seconds=self.proposer.grammar_seconds if self.proposer else 0.0)
 
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]:
         """The target's layers form group 0; a proposer may add groups of its own after it."""
@@ -122,6 +135,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
+        pending = self._start_masks([e for e in plan.scheduled if e.samples])  # overlaps the forward
         out, inputs = self.forward(plan)
         if not inputs.sample_rows:
             if self.proposer:  # a drafter with its own cache still sees every prompt chunk
@@ -143,22 +157,35 @@ class ModelRunner:
         rows = torch.repeat_interleave(last - first, num_drafts + 1) + torch.arange(len(entries) + int(num_drafts.sum()))
         logits = self.model.compute_logits(out.hidden[rows.to(self.device)])  # [N, vocab]
         pad = pad.to(self.device)
-        result = self._verify(entries, logits, pad, drafts.to(self.device), num_drafts.to(self.device))
+        masks = pending.result(self.device) if pending is not None else None
+        result = self._verify(entries, logits, pad, drafts.to(self.device), num_drafts.to(self.device), masks)
         # drafting is queued before the first device-to-host copy of the verification result
         proposal = self._propose(plan, inputs, out, entries, result) if self.proposer else None
         emitted, counts = result.output_tokens.tolist(), (result.num_accepted + 1).tolist()
         ids = [e.request.request_id for e in entries]
         sampled = {i: emitted[r][:counts[r]] for r, i in enumerate(ids)}
-        proposals = self._collect(entries, proposal) if proposal is not None else {}
+        proposals, forced = self._collect(entries, proposal) if proposal is not None else ({}, {})
         return RunnerOutput(sampled, dict(zip(ids, num_drafts.tolist())),
-                            self._logprobs(entries, logits, pad, emitted, counts), proposals)
+                            self._logprobs(entries, logits, pad, emitted, counts), proposals, forced)
+
+    def _start_masks(self, entries: list[ScheduledRequest]) -> PendingMasks | None:
+        """Start the grammar masks of the sampling requests' verify rows (request r owns rows
+        first[r] .. first[r] + its drafts, in the logits layout of ``execute``)."""
+        jobs, first = [], 0
+        for e in entries:
+            if e.request.grammar is not None:
+                jobs.append((e.request.grammar, first, e.draft_token_ids))
+            first += len(e.draft_token_ids) + 1
+        return self.masks.start(jobs, first)
 
     def _verify(self, entries: list[ScheduledRequest], logits: torch.Tensor, pad: torch.Tensor, drafts: torch.Tensor,
-                num_drafts: torch.Tensor) -> VerifyResult:
+                num_drafts: torch.Tensor, masks: GrammarMasks | None) -> VerifyResult:
         """logits [N, vocab] (raw) of the verify positions; pad [R, k+1] their rows per request."""
         params = [e.request.params for e in entries]
         logits = penalize(logits, [(e.request.params, e.request.token_ids, e.request.num_prompt_tokens,
                                     e.draft_token_ids) for e in entries])
+        if masks is not None:
+            logits = masks.apply(logits)
         if all(p.greedy for p in params):
             return greedy_verify(logits.argmax(dim=-1)[pad], drafts, num_drafts)
         width = pad.shape[1]
@@ -173,8 +200,10 @@ class ModelRunner:
         positions_t = torch.tensor(positions, dtype=torch.int64, device=self.device)
         if self.verification == "shared_noise" or width == 1:
             return shared_noise_verify(target, drafts, seeds_t, positions_t, num_drafts)
-        return rejection_sample(target, drafts, self._pending_probs(entries, width - 1, target.shape[-1]), seeds_t,
-                                positions_t, num_drafts)
+        draft_probs = self._pending_probs(entries, width - 1, target.shape[-1])
+        if draft_probs is not None and masks is not None:  # kept drafts were drawn from q restricted to the grammar
+            draft_probs = masks.restrict(draft_probs, pad[:, :-1])
+        return rejection_sample(target, drafts, draft_probs, seeds_t, positions_t, num_drafts)
 
     def _pending_probs(self, entries: list[ScheduledRequest], k: int, vocab: int) -> torch.Tensor | None:
         """Draft probabilities of this step's drafts ([R, k, vocab]); None when the proposer gave none."""
@@ -210,19 +239,23 @@ class ModelRunner:
             num_drafts=[len(e.draft_token_ids) for e in entries],
             seeds=torch.tensor([e.request.seed for e in entries], dtype=torch.int64, device=self.device),
             sampling_params=[e.request.params for e in entries],
+            grammars=[e.request.grammar for e in entries],
         )
-        return self.proposer.propose(inp)
+        return self.proposer.draft(inp)
 
-    def _collect(self, entries: list[ScheduledRequest], proposal) -> dict[str, list[int]]:
-        """Copy the proposal to the host; keep draft probabilities on the device for rejection mode."""
+    def _collect(self, entries: list[ScheduledRequest], proposal) -> tuple[dict[str, list[int]], dict[str, list[bool]]]:
+        """Copy the proposal (drafts, forced flags) to the host; keep draft probabilities on the device for
+        rejection mode."""
         tokens, counts = proposal.draft_token_ids.tolist(), proposal.num_drafts.tolist()
-        drafts = {}
+        flags = proposal.forced.tolist() if proposal.forced is not None else None
+        drafts, forced = {}, {}
         for r, e in enumerate(entries):
             request_id = e.request.request_id
             drafts[request_id] = tokens[r][:counts[r]]
+            forced[request_id] = flags[r][:counts[r]] if flags is not None else [False] * counts[r]
             if proposal.draft_probs is not None and self.verification == "rejection":
                 self._draft_probs[request_id] = proposal.draft_probs[r, :counts[r]]
-        return drafts
+        return drafts, forced
 
     def request_finished(self, request_id: str, token_ids: list[int], num_prompt_tokens: int,
                          block_tables: list[list[int]]) -> str | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eyas.sampling.grammar import check_structured_output
+
 MAX_LOGPROBS = 20
 
 
@@ -27,6 +29,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # times each token's count in the output, subtracted
     repetition_penalty: float = 1.0  # divides positive / multiplies negative logits of prompt and output tokens
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit (JSON's string keys are read as ints)
+    # one of {"json": schema}, {"json_object": True}, {"regex": r}, {"choice": [...]}, {"grammar": lark or gbnf}
+    # (eyas.sampling.grammar); the engine compiles it when the request arrives
+    structured_output: dict | None = None
 
     def __post_init__(self) -> None:
         def bad(field: str, value: object, allowed: str) -> ValueError:
@@ -72,6 +77,8 @@ class SamplingParams:
             raise bad("stop", self.stop, "a non-empty string or a list of non-empty strings")
         if self.stop_token_ids is not None and any(t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", self.stop_token_ids, "a list of token ids >= 0")
+        if self.structured_output is not None:
+            check_structured_output(self.structured_output)
 
     @property
     def has_penalties(self) -> bool:

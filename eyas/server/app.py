@@ -60,8 +60,8 @@ def _error(status: int, message: str, param: str | None = None, code: str | None
 
 
 def _param_of(message: str) -> str | None:
-    """The field a ValueError names: ``SamplingParams.top_p=...`` or ``prompt: ...``."""
-    match = re.match(r"(?:SamplingParams\.)?([a-z_]+)\s*[:=]", message)
+    """The field a ValueError names: ``SamplingParams.top_p=...``, ``prompt: ...`` or ``structured_output.json: ...``."""
+    match = re.match(r"(?:SamplingParams\.)?([a-z_]+)(?:\.[a-z_]+)?\s*[:=]", message)
     return match.group(1) if match else None
 
 

@@ -7,6 +7,11 @@ vLLM's extensions are accepted: ``top_k``, ``min_p``, ``repetition_penalty``, ``
 ``ignore_eos``, ``stop_token_ids``, ``skip_special_tokens``; and eyas's ``speculate`` (false: this
 request opts out of speculative decoding) and ``return_token_sources`` (each stream chunk's choice lists
 its new tokens as ``{"text", "draft"}``: the playground colours accepted drafts with it).
+
+Structured output, at most one of: OpenAI's ``response_format`` (``{"type": "json_object"}``,
+``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}`` or ``{"type": "text"}``),
+vLLM's ``structured_outputs`` (``{"json" | "regex" | "choice" | "grammar" | "json_object": ...}``,
+vLLM 0.12 on) and vLLM's older ``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``.
 """
 
 from __future__ import annotations
@@ -43,6 +48,12 @@ class _Sampling(BaseModel):
     skip_special_tokens: bool = True
     speculate: bool = True
     return_token_sources: bool = False  # stream chunks name each new token and whether it was an accepted draft
+    response_format: dict | None = None
+    structured_outputs: dict | None = None
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
 
@@ -58,11 +69,44 @@ class _Sampling(BaseModel):
             stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens, speculate=self.speculate,
             presence_penalty=pick("presence_penalty", 0.0), frequency_penalty=pick("frequency_penalty", 0.0),
-            repetition_penalty=pick("repetition_penalty", 1.0), logit_bias=self.logit_bias)
+            repetition_penalty=pick("repetition_penalty", 1.0), logit_bias=self.logit_bias,
+            structured_output=self.structured_output())
+
+    def structured_output(self) -> dict | None:
+        """``SamplingParams.structured_output`` from whichever field the request used; ValueError names it."""
+        given = {name: getattr(self, name) for name in ("response_format", "structured_outputs", *_GUIDED)
+                 if getattr(self, name) is not None}
+        if len(given) > 1:
+            raise ValueError(f"{next(iter(given))}: give one way of structured output, not {', '.join(given)}")
+        if not given:
+            return None
+        (name, value), = given.items()
+        if name in _GUIDED:
+            return {_GUIDED[name]: value}
+        if name == "structured_outputs":
+            unknown = sorted(set(value) - set(_GUIDED.values()) - {"json_object"})
+            if unknown:
+                raise ValueError(f"structured_outputs: {unknown} not supported; give one of json, json_object, regex, "
+                                 f"choice, grammar")
+            return dict(value)
+        kind = value.get("type")
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return {"json_object": True}
+        if kind == "json_schema":
+            schema = (value.get("json_schema") or {}).get("schema")
+            if schema is None:
+                raise ValueError("response_format: type json_schema needs json_schema.schema (the JSON schema)")
+            return {"json": schema}
+        raise ValueError(f"response_format: type {kind!r} is not one of 'text', 'json_object', 'json_schema'")
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 
 
 class CompletionRequest(_Sampling):
@@ -113,7 +157,6 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     tools: list | None = None
-    response_format: dict | None = None
 
     def conversation(self) -> list[dict]:
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
@@ -122,6 +165,5 @@ class ChatCompletionRequest(_Sampling):
 # fields of the OpenAI API eyas does not implement: refused by name instead of silently ignored
 UNSUPPORTED = {
     CompletionRequest: {"suffix": "suffix (insertion) is not supported", "best_of": "best_of is not supported; use n"},
-    ChatCompletionRequest: {"tools": "tool calling is not supported",
-                            "response_format": "response_format (structured output) is not supported yet"},
+    ChatCompletionRequest: {"tools": "tool calling is not supported"},
 }

@@ -28,7 +28,9 @@ the expected accepted drafts. A draft worth g tokens raises E / cost iff
 where a few more rows cost nothing) every offered draft is verified. Example (c = 0.05): one
 request with acceptance 0.85 verifies all 8 drafts (the 8th is worth 0.27 >= 0.17), while 8
 requests with acceptance 0.5 verify one draft each (the first is worth 0.5 >= 0.29; then a
-second, worth 0.25, falls short of 0.33). The CPU default is c = 0.07.
+second, worth 0.25, falls short of 0.33). The CPU default is c = 0.07. Leading drafts forced by the
+request's grammar (``eyas.sampling.grammar``) are certain, worth 1 each; the drafts after them are
+worth a, a^2, ...
 """
 
 from __future__ import annotations
@@ -80,13 +82,16 @@ class DraftBudget:
             self.misses = 0
 
 
-def allocate_drafts(offers: list[tuple[int, float]], num_rows: int, row_cost: float, max_drafts: int) -> list[int]:
+def allocate_drafts(offers: list[tuple[int, float, int]], num_rows: int, row_cost: float,
+                    max_drafts: int) -> list[int]:
     """How many drafts each sampling request verifies this step (see the module docstring).
 
-    ``offers[i]`` = (drafts request i may verify, its acceptance estimate); ``num_rows``: the
-    forward's rows without drafts; ``max_drafts``: what the token budget leaves for drafts.
+    ``offers[i]`` = (drafts request i may verify, its acceptance estimate, how many of them lead
+    the chain forced by its grammar); ``num_rows``: the forward's rows without drafts;
+    ``max_drafts``: what the token budget leaves for drafts.
     """
-    gains = sorted(((acceptance ** j, i) for i, (n, acceptance) in enumerate(offers) for j in range(1, n + 1)),
+    gains = sorted(((acceptance ** max(0, j - certain), i) for i, (n, acceptance, certain) in enumerate(offers)
+                    for j in range(1, n + 1)),
                    key=lambda gain: -gain[0])  # stable: a request's drafts stay in order
     counts = [0] * len(offers)
     tokens, rows = float(len(offers)), num_rows

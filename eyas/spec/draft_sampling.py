@@ -7,14 +7,25 @@ A draft for sequence position ``p`` is drawn with the request's own sampling set
   draft equals the target's sample whenever the two distributions agree there;
 * ``rejection`` verification: the drafter's own noise stream, keeping the draft distribution
   ``q`` for the rejection sampler.
+
+A request with a grammar drafts under it: each draft step masks the drafter's logits by the grammar
+position after the emitted tokens and the drafts so far (a forked copy of the request's position),
+so drafts never leave the grammar, a single-token position drafts its token, and the drafter feeds
+itself valid tokens (``q`` is the masked distribution). This needs each step's drafts on the host
+(one device sync per draft step, for batches with a grammar only). Where the drafter gives no
+allowed token any probability (an EAGLE-3 draft vocabulary that lacks it), the allowed tokens share
+the row uniformly.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
+import numpy as np
 import torch
 
+from eyas.sampling.grammar import allowed_tokens
 from eyas.sampling.sampler import Sampler, SamplingBatch, gumbel_argmax
 from eyas.spec.proposer import ProposerInput
 
@@ -35,16 +46,42 @@ class DraftSampler:
             self.batch = dataclasses.replace(batch, seeds=inp.seeds)
         self.sampler = Sampler()
         self._probs: list[torch.Tensor] = []
+        emitted, num_emitted = (inp.emitted.tolist(), inp.num_emitted.tolist()) if any(inp.grammars) else ([], [])
+        # [R] forked grammar positions (None: no grammar, or the request ends this step)
+        self.walks = [g.fork(emitted[r][:num_emitted[r]]) if g is not None else None
+                      for r, g in enumerate(inp.grammars)]
 
     def sample(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """logits [R, vocab] float32 of the drafts at sequence positions [R] -> tokens [R] int64."""
+        walking = [r for r, w in enumerate(self.walks) if w is not None]
+        if walking:
+            logits = self._mask(logits, walking)
         if self.all_greedy:
-            return logits.argmax(dim=-1)
-        logprobs = self.sampler.processed_logprobs(logits, dataclasses.replace(self.batch, positions=positions))
-        stream = 0 if self.verification == "shared_noise" else DRAFT_NOISE_STREAM
-        if self.verification == "rejection":
-            self._probs.append(logprobs.exp())
-        return gumbel_argmax(logprobs, self.seeds, positions, stream=stream)
+            tokens = logits.argmax(dim=-1)
+        else:
+            logprobs = self.sampler.processed_logprobs(logits, dataclasses.replace(self.batch, positions=positions))
+            stream = 0 if self.verification == "shared_noise" else DRAFT_NOISE_STREAM
+            if self.verification == "rejection":
+                self._probs.append(logprobs.exp())
+            tokens = gumbel_argmax(logprobs, self.seeds, positions, stream=stream)
+        if walking:
+            drafted = tokens.tolist()
+            for r in walking:
+                walk = self.walks[r]
+                if drafted[r] in walk.eos_token_ids:  # the chain ends there; later drafts are cut
+                    self.walks[r] = None
+                else:
+                    walk.advance(drafted[r])
+        return tokens
+
+    def _mask(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """logits [R, V] with the tokens each walking row's grammar forbids at -inf."""
+        bitmask = torch.from_numpy(np.stack([self.walks[r].bitmask() for r in rows]).view(np.int32))  # [G, W]
+        allowed = torch.ones_like(logits, dtype=torch.bool)
+        allowed[rows] = allowed_tokens(bitmask, logits.shape[-1]).to(logits.device)
+        masked = logits.masked_fill(~allowed, -math.inf)
+        dead = ~torch.isfinite(masked).any(dim=-1, keepdim=True)  # nothing the drafter likes is allowed
+        return torch.where(dead, torch.where(allowed, 0.0, -math.inf), masked)
 
     def draft_probs(self) -> torch.Tensor | None:
         """[R, k, vocab] for rejection sampling, or None (greedy, or shared-noise verification)."""

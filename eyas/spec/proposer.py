@@ -7,8 +7,9 @@ once per step, after verification, for the requests that sampled this step.
 from __future__ import annotations
 
 import importlib
+import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -43,6 +44,9 @@ class ProposerInput:
     # sampling: draft j of row r is verified at sequence index len(token_ids[r]) + num_emitted[r] + j
     seeds: torch.Tensor  # [R] int64
     sampling_params: list[Any]  # [R] SamplingParams
+    # [R] eyas.sampling.grammar.GrammarState of each row's committed output, None without a grammar
+    # (empty: no row has one); read by ``Proposer.draft``, not by ``propose``
+    grammars: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -50,6 +54,7 @@ class ProposerOutput:
     draft_token_ids: torch.Tensor  # [R, k] int64; only the first num_drafts[r] of row r count
     num_drafts: torch.Tensor  # [R] int64 (0 = no speculation for this request this step)
     draft_probs: torch.Tensor | None = None  # [R, k, vocab] float32, for rejection sampling; None = one-hot
+    forced: torch.Tensor | None = None  # [R, k] bool: the draft is the only token its grammar admits there
 
 
 class Proposer(ABC):
@@ -59,6 +64,7 @@ class Proposer(ABC):
     config_fields: ClassVar[frozenset[str]] = frozenset()  # method options of SpeculativeConfig it reads
     needs_hidden_states: ClassVar[bool] = False  # target's last hidden states of the verification forward
     aux_layer_ids: tuple[int, ...] = ()  # target aux layers it reads (vLLM convention); set before the first step
+    grammar_seconds: float = 0.0  # spent in ``draft`` walking drafts under grammars
 
     @classmethod
     def validate_config(cls, config) -> None:
@@ -79,6 +85,19 @@ class Proposer(ABC):
     @abstractmethod
     def propose(self, inp: ProposerInput) -> ProposerOutput:
         ...
+
+    def draft(self, inp: ProposerInput) -> ProposerOutput:
+        """What the runner calls: ``propose``, then, for rows with a grammar, the grammar-aware walk of
+        ``eyas.spec.grammar_drafts`` (forbidden drafts cut, forced tokens drafted), for every method alike."""
+        from eyas.spec.grammar_drafts import grammar_drafts
+
+        out = self.propose(inp)
+        if all(grammar is None for grammar in inp.grammars):
+            return out
+        start = time.perf_counter()
+        out = grammar_drafts(inp, out)
+        self.grammar_seconds += time.perf_counter() - start
+        return out
 
     def request_finished(self, request_id: str, token_ids: list[int], num_prompt_tokens: int,
                          block_tables: list[list[int]]) -> str | None:
