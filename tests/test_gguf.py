@@ -65,6 +65,18 @@ TINY_TOKENS = TINY_SPECIALS + _byte_level_alphabet() + [m.replace(" ", "") for m
 TINY_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 
 
+def add_tiny_tokenizer(w: gguf.GGUFWriter, pre: str) -> None:
+    """The byte-level BPE vocabulary, merges, special ids and chat template of the tiny GGUFs."""
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(TINY_TOKENS)
+    w.add_token_types([3] * len(TINY_SPECIALS) + [1] * (len(TINY_TOKENS) - len(TINY_SPECIALS)))
+    w.add_token_merges(TINY_MERGES)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_chat_template(TINY_TEMPLATE)
+
+
 def write_tiny_gguf(path: Path, arch: str, n_head=4, n_kv=2, head_dim=8, hidden=24, tied=True):
     """A 2-layer random float32 GGUF for ``arch`` (llama, qwen2, qwen3) with a byte-level vocab."""
     rng = np.random.default_rng(0)
@@ -81,14 +93,7 @@ def write_tiny_gguf(path: Path, arch: str, n_head=4, n_kv=2, head_dim=8, hidden=
     w.add_rope_freq_base(1e6)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_vocab_size(vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2" if arch.startswith("qwen") else "smollm")
-    w.add_token_list(TINY_TOKENS)
-    w.add_token_types([3] * len(TINY_SPECIALS) + [1] * (vocab - len(TINY_SPECIALS)))
-    w.add_token_merges(TINY_MERGES)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_chat_template(TINY_TEMPLATE)
+    add_tiny_tokenizer(w, "qwen2" if arch.startswith("qwen") else "smollm")
 
     def add(name, *shape):  # shape in torch order; the writer stores it reversed
         w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))

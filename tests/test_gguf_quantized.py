@@ -12,7 +12,7 @@ from eyas.config import EngineConfig, ModelConfig
 from eyas.model import quantized as Q
 from eyas.model.gguf import convert_gguf
 from eyas.model.loader import load_model
-from test_gguf import TINY_MERGES, TINY_SPECIALS, TINY_TEMPLATE, TINY_TOKENS
+from test_gguf import TINY_TOKENS, add_tiny_tokenizer
 from test_quant_kernels import random_weight
 
 pytestmark = pytest.mark.skipif(not Q.kernel_available(), reason="no C compiler: the quantized kernel cannot be built")
@@ -33,14 +33,7 @@ def write_quantized_gguf(path, tied=True, embed_format="Q8_0", arch="llama"):
         getattr(w, f"add_{key}")(value)
     w.add_rope_freq_base(1e4)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(TINY_TOKENS)
-    w.add_token_types([3] * len(TINY_SPECIALS) + [1] * (vocab - len(TINY_SPECIALS)))
-    w.add_token_merges(TINY_MERGES)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_chat_template(TINY_TEMPLATE)
+    add_tiny_tokenizer(w, "smollm")
     seed = iter(range(1000))
 
     def add(name, fmt, n, k):

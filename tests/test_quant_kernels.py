@@ -40,6 +40,11 @@ def random_weight(fmt_name: str, n: int, k: int, seed: int = 0) -> tuple[Q.Quant
     return Q.QuantWeight(torch.from_numpy(data.copy()), fmt, k), reference
 
 
+def product(x: torch.Tensor, weight: Q.QuantWeight) -> torch.Tensor:
+    """x @ weight^T through the layer the model uses."""
+    return Q.QuantLinear([weight])(x)
+
+
 def check_close(out: torch.Tensor, x: torch.Tensor, w: np.ndarray):
     """out against x @ w^T in float64; the bound is float32 accumulation error over the terms' magnitudes."""
     ref = x.double() @ torch.from_numpy(w).double().T
@@ -63,14 +68,14 @@ def test_products_match_float64_reference(fmt, n, k):
     weight, reference = random_weight(fmt, n, k, seed=n)
     x = torch.randn(300, k, generator=torch.Generator().manual_seed(k))
     for rows in (1, 2, 3, 4, 5, 7, 16, 25, 300):
-        check_close(Q.matmul(x[:rows].contiguous(), weight), x[:rows], reference)
+        check_close(product(x[:rows].contiguous(), weight), x[:rows], reference)
 
 
 @pytest.mark.parametrize("fmt", ["Q4_0", "Q8_0", "BF16"])
 def test_blocks_of_32_need_no_multiple_of_256(fmt):
     weight, reference = random_weight(fmt, 6, 32 * 7)  # 224: no whole super-block
     x = torch.randn(3, 224)
-    check_close(Q.matmul(x, weight), x, reference)
+    check_close(product(x, weight), x, reference)
 
 
 @pytest.mark.parametrize("fmt", GGML_FORMATS)
@@ -80,19 +85,18 @@ def test_row_results_do_not_depend_on_batch_or_threads(fmt):
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        full = Q.matmul(x, weight)
+        full = product(x, weight)
         torch.set_num_threads(1)
-        assert torch.equal(Q.matmul(x, weight), full)  # thread count
+        assert torch.equal(product(x, weight), full)  # thread count
     finally:
         torch.set_num_threads(threads)
-    for i in (0, 1, 2, 3, 150, 299):  # alone, and among other rows
-        assert torch.equal(Q.matmul(x[i:i + 1].contiguous(), weight), full[i:i + 1])
-        assert torch.equal(Q.matmul(x[i:i + 5].contiguous(), weight)[0], full[i]) if i + 5 <= 300 else True
-    # into a column slice of a wider output (a fused q/k/v), with a strided input row
-    wide = torch.full((300, 25), float("nan"))
-    Q.matmul(x, weight, wide[:, 3:22])
-    assert torch.equal(wide[:, 3:22], full)
-    assert wide[:, :3].isnan().all() and wide[:, 22:].isnan().all()
+    for i in (0, 1, 2, 3, 150, 295):  # alone, and among a few other rows
+        assert torch.equal(product(x[i:i + 1].contiguous(), weight), full[i:i + 1])
+        assert torch.equal(product(x[i:i + 5].contiguous(), weight)[0], full[i])
+    # as one part of a fused weight whose other part is in another format: each fills its own columns
+    other = random_weight("Q4_0" if fmt == "Q8_0" else "Q8_0", 6, 512, seed=4)[0]
+    fused = Q.QuantLinear.stacked([weight, other])(x)
+    assert torch.equal(fused[:, :19], full) and torch.equal(fused[:, 19:], product(x, other))
 
 
 @pytest.mark.parametrize("isa", kernels.supported_isas())
@@ -101,12 +105,13 @@ def test_every_instruction_set_gives_the_same_bits(isa, monkeypatch):
     weights = {fmt: random_weight(fmt, 9, 512, seed=1)[0] for fmt in GGML_FORMATS}
     weights["I8_ROW"] = Q.quantize_int8(torch.randn(9, 512))
     x = torch.randn(7, 512)
-    expected = {fmt: Q.matmul(x, w) for fmt, w in weights.items()}
+    expected = {fmt: product(x, w) for fmt, w in weights.items()}
+    dense = {fmt: Q.dequantize(w) for fmt, w in weights.items()}
     monkeypatch.setenv("EYAS_CPU_ISA", isa)
     assert kernels.cpu_isa() == isa
     for fmt, w in weights.items():
-        assert torch.equal(Q.matmul(x, w), expected[fmt]), (isa, fmt)
-        assert torch.equal(Q.dequantize(w), Q.dequantize(w)), (isa, fmt)
+        assert torch.equal(product(x, w), expected[fmt]), (isa, fmt)
+        assert torch.equal(Q.dequantize(w), dense[fmt]), (isa, fmt)
 
 
 def test_dispatch_picks_the_best_instruction_set_and_refuses_a_missing_one(monkeypatch):
@@ -144,7 +149,7 @@ def test_int8_rows_round_trip_and_products():
     assert (back - w).abs().max(dim=1).values.le(q.scale * (0.5 + 1e-4)).all()  # + the rounding of q * scale
     assert torch.equal(back[3], torch.zeros(576))
     x = torch.randn(5, 576)
-    check_close(Q.matmul(x, q), x, back.numpy())
+    check_close(product(x, q), x, back.numpy())
 
 
 def test_shapes_a_format_cannot_hold_are_refused():

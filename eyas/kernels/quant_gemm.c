@@ -41,15 +41,12 @@ enum { F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, B
 #if defined(__AVX512F__)
 #define TILE_N 4
 #define TILE_M 3 /* 12 accumulators + 8 decoded weight vectors + x, of 32 zmm registers */
-#define ISA "avx512"
 #elif defined(__AVX2__)
 #define TILE_N 2
 #define TILE_M 2 /* a 16-lane vector is two ymm registers: 8 accumulator + 8 weight registers of 16 */
-#define ISA "avx2"
 #else
 #define TILE_N 2
 #define TILE_M 2
-#define ISA "portable"
 #endif
 #define SUB 32 /* weights per sub-block: the unit of decoding */
 
@@ -72,29 +69,24 @@ static inline v16u8 bytes16(const uint8_t *p) {
 }
 static inline v16f splat(float s) { return (v16f){0} + s; }
 
-/* 16 unsigned / signed bytes -> 16 floats */
-static inline v16f u8_to_f(v16u8 q) {
+/* 16 unsigned / signed bytes -> 16 int32 lanes: one widening shuffle (Q4 nibbles are then split with
+   integer ops on the lanes) */
 #if defined(__AVX512F__)
-    return (v16f)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32((__m128i)q));
+#define WIDEN(NAME, BYTES, CVT512, CVT256) \
+    static inline v16i NAME(BYTES q) { return (v16i)CVT512((__m128i)q); }
 #elif defined(__AVX2__)
-    __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32((__m128i)q));
-    __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128((__m128i)q, 8)));
-    return __builtin_shufflevector((v8f)lo, (v8f)hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#define WIDEN(NAME, BYTES, CVT512, CVT256)                                                            \
+    static inline v16i NAME(BYTES q) {                                                               \
+        v8i lo = (v8i)CVT256((__m128i)q), hi = (v8i)CVT256(_mm_srli_si128((__m128i)q, 8));           \
+        return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15); \
+    }
 #else
-    return __builtin_convertvector(q, v16f);
+#define WIDEN(NAME, BYTES, CVT512, CVT256) \
+    static inline v16i NAME(BYTES q) { return __builtin_convertvector(q, v16i); }
 #endif
-}
-/* 16 unsigned bytes -> 16 int32 lanes (one widening shuffle, then nibbles are split with integer ops) */
-static inline v16i u8_to_i32(v16u8 q) {
-#if defined(__AVX512F__)
-    return (v16i)_mm512_cvtepu8_epi32((__m128i)q);
-#elif defined(__AVX2__)
-    v8i lo = (v8i)_mm256_cvtepu8_epi32((__m128i)q), hi = (v8i)_mm256_cvtepu8_epi32(_mm_srli_si128((__m128i)q, 8));
-    return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-#else
-    return __builtin_convertvector(q, v16i);
-#endif
-}
+WIDEN(u8_to_i32, v16u8, _mm512_cvtepu8_epi32, _mm256_cvtepu8_epi32)
+WIDEN(i8_to_i32, v16i8, _mm512_cvtepi8_epi32, _mm256_cvtepi8_epi32)
+
 static inline v16f i32_to_f(v16i v) {
 #if defined(__AVX512F__)
     return (v16f)_mm512_cvtepi32_ps((__m512i)v);
@@ -102,19 +94,11 @@ static inline v16f i32_to_f(v16i v) {
     return __builtin_convertvector(v, v16f);
 #endif
 }
-
+static inline v16f u8_to_f(v16u8 q) { return i32_to_f(u8_to_i32(q)); }
 static inline v16f i8_to_f(const uint8_t *p) {
     v16i8 q;
     memcpy(&q, p, sizeof q);
-#if defined(__AVX512F__)
-    return (v16f)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32((__m128i)q));
-#elif defined(__AVX2__)
-    __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32((__m128i)q));
-    __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128((__m128i)q, 8)));
-    return __builtin_shufflevector((v8f)lo, (v8f)hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-#else
-    return __builtin_convertvector(q, v16f);
-#endif
+    return i32_to_f(i8_to_i32(q));
 }
 
 static inline float half_to_float(const uint8_t *p) {
@@ -557,6 +541,3 @@ int eyas_quant_rows(const uint8_t *weight, int type, const float *row_scale, con
     }
     return failed ? -1 : 0;
 }
-
-/* the instruction set this build was compiled for: "avx512", "avx2" or "portable" */
-const char *eyas_quant_isa(void) { return ISA; }

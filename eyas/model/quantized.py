@@ -60,11 +60,6 @@ class QuantWeight:
     def row_bytes(self) -> int:
         return self.in_features // self.fmt.block_size * self.fmt.block_bytes
 
-    def rows(self, start: int, stop: int) -> QuantWeight:
-        """Output rows [start, stop) (a view)."""
-        scale = None if self.scale is None else self.scale[start:stop]
-        return QuantWeight(self.data[start:stop], self.fmt, self.in_features, scale)
-
     @staticmethod
     def cat(parts: list[QuantWeight], arena: Arena | None = None) -> QuantWeight:
         """Parts of one format stacked along the output rows (a fused q/k/v or gate/up weight), copied
@@ -128,22 +123,6 @@ def _entries():
 
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
-
-
-def matmul(x: torch.Tensor, weight: QuantWeight, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] float32 @ weight^T -> [M, N] float32; ``out`` may be a column slice of a wider matrix."""
-    assert x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1 and x.shape[1] == weight.in_features
-    assert weight.data.is_contiguous()
-    if out is None:
-        out = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
-    gemm, _ = _entries()
-    status = gemm(x.data_ptr(), x.stride(0), weight.data.data_ptr(), weight.fmt.type_id, _ptr(weight.scale),
-                  out.data_ptr(), out.stride(0), x.shape[0], weight.out_features, weight.in_features,
-                  torch.get_num_threads())
-    if status != 0:
-        raise RuntimeError(f"quant_gemm failed on a {weight.fmt.name} weight of shape "
-                           f"[{weight.out_features}, {weight.in_features}]")
-    return out
 
 
 def dequantize_rows(weight: QuantWeight, rows: torch.Tensor) -> torch.Tensor:
