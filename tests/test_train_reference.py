@@ -284,13 +284,15 @@ def reference_targets(target, batch, vocab_ids):
     return p, valid, excluded_by_argmax, min(candidate_margins)
 
 
+@pytest.mark.parametrize("chunk", [5, 128])  # rows per chunk of the fused cross-entropy: several, or one
 @pytest.mark.parametrize("loss", ["soft", "hard"])
-def test_step_stats_match_formulas(target, loss):
+def test_step_stats_match_formulas(target, loss, chunk, monkeypatch):
     """soft: term = -sum_v p_{t+1+i}(v) log_softmax(z_t)(v), scored iff p_{t+1+i} valid; hard: -log_softmax(z_t)
     [x_{t+2+i}] where x_{t+2+i} exists, is masked in and in the vocabulary; agree = argmax z_t == argmax p_{t+1+i}."""
-    from eyas.train.objective import step_stats, target_distribution
+    from eyas.train.objective import TargetHead, _ChunkedCrossEntropy, step_stats
     from eyas.train.recipes import unroll
 
+    monkeypatch.setattr(_ChunkedCrossEntropy, "CHUNK", chunk)
     recipe = make_recipe(target, widen=False)
     vocab_ids = torch.arange(0, VOCAB, 2)
     assert torch.equal(recipe.vocab_ids, vocab_ids)
@@ -306,8 +308,8 @@ def test_step_stats_match_formulas(target, loss):
     # the fixture must have no near-tie that decides validity
     assert min_margin > 0.05, f"a near-tie decides validity ({min_margin:.3g}): change the seed"
 
-    targets = target_distribution(batch.last, batch.token_ids, batch.loss_mask, target.norm, target.lm_head.weight,
-                                  vocab_ids)
+    targets = TargetHead(target.norm, target.lm_head.weight, vocab_ids).distribution(batch.last, batch.token_ids,
+                                                                                      batch.loss_mask)
     assert torch.equal(targets.row >= 0, valid)
     for b in range(bsz):
         for t in range(seq):

@@ -71,7 +71,7 @@ def ttt_attention(q: torch.Tensor, base_k: torch.Tensor, base_v: torch.Tensor, d
 def base_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    include_self: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal attention ``[B, H, T, D]`` and each query's log-sum-exp of its scores ``[B, H, T]`` (float32),
-    both differentiable. On the CPU through PyTorch's fused flash-attention kernel (no ``[T, T]`` scores
+    both differentiable. On the CPU through PyTorch's fused flash-attention kernels (no ``[T, T]`` scores
     in memory; about 6x faster forward and backward at T = 640); elsewhere computed densely."""
     if q.device.type != "cpu":
         seq = q.shape[2]
@@ -81,48 +81,66 @@ def base_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         lse = torch.logsumexp(scores, dim=-1)
         probs = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)
         return torch.matmul(probs.to(v.dtype), v), lse
-    out, lse = _flash(q, k, v, include_self)
-    lse = _LogSumExp.apply(q, k, lse, include_self)
-    if not include_self:  # the kernel reports 0 for the first query, which sees no key
-        first = torch.zeros_like(lse, dtype=torch.bool)
-        first[..., 0] = True
-        lse = lse.masked_fill(first, float("-inf"))
-    return out, lse
+    return _FlashAttention.apply(q, k, v, include_self)
 
 
-def _flash(q, k, v, include_self: bool):
-    if include_self:
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=True)
+def _strictly_causal_bias(q: torch.Tensor) -> torch.Tensor:
     seq = q.shape[2]
-    bias = torch.zeros(seq, seq, dtype=q.dtype, device=q.device).masked_fill(
+    return torch.zeros(seq, seq, dtype=q.dtype, device=q.device).masked_fill(
         ~torch.ones(seq, seq, dtype=torch.bool, device=q.device).tril(-1), float("-inf"))
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias)
 
 
-class _LogSumExp(torch.autograd.Function):
-    """The flash kernel's log-sum-exp, made differentiable (the kernel gives it without a gradient).
+class _FlashAttention(torch.autograd.Function):
+    """The CPU flash kernels, with a gradient for the log-sum-exp as well as for the output.
 
-    ``dL_t/dq_t = scale * sum_s P_ts k_s``: attention with the keys as values. ``dL_t/dk_s = scale *
-    sum_t P_ts q_t``: the gradient of that attention's values for upstream ``scale * q_t``.
+    The kernels' backward takes ``dS = P * (dO . v_s - D_t)`` with ``D_t = dO_t . o_t`` computed
+    from the ``out`` it is given; a log-sum-exp gradient ``g_t`` adds ``P_ts * g_t`` (as
+    ``dL_t / ds_ts = P_ts``), i.e. ``D_t`` becomes ``D_t - g_t``. Padding the head dimension with
+    one extra column, 0 in q, k, v, 1 in dO and ``-g_t`` in o, makes the kernel compute exactly that
+    in its one backward call (the scale is passed, so the padding leaves the scores alone; the
+    extra columns of the gradients are dropped). The padding is ``PAD`` wide so rows stay
+    multiples of the kernel's vector width.
+
+    Example: one query seeing two keys with ``P = (0.25, 0.75)``, upstream ``dO = 0`` and ``g = 2``:
+    ``dS = (0.5, 1.5)``, the gradient of ``2 * logsumexp(s)``.
     """
 
-    @staticmethod
-    def forward(ctx, q, k, lse, include_self):
-        ctx.save_for_backward(q, k)
-        ctx.include_self = include_self
-        return lse.clone()
+    PAD = 16
 
     @staticmethod
-    def backward(ctx, grad):  # grad [B, H, T]
-        q, k = ctx.saved_tensors
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        upstream = grad.nan_to_num(0.0).unsqueeze(-1) * scale  # [B, H, T, 1]
-        with torch.enable_grad():
-            keys_as_values = k.detach().clone().requires_grad_(True)
-            out, _ = _flash(q.detach(), k.detach(), keys_as_values, ctx.include_self)
-            grad_k, = torch.autograd.grad(out, keys_as_values, (upstream * q).to(out.dtype))
-        grad_q = upstream * out.detach().nan_to_num(0.0).float()
-        return grad_q.to(q.dtype), grad_k.nan_to_num(0.0), None, None
+    def forward(ctx, q, k, v, include_self):
+        mask = None if include_self else _strictly_causal_bias(q)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=include_self,
+                                                                             attn_mask=mask)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.include_self = include_self
+        if not include_self:  # the kernel reports 0 for the first query, which sees no key
+            lse = lse.clone()
+            lse[..., 0] = float("-inf")
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dim = q.shape[-1]
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        if grad_lse is None:
+            grad_lse = torch.zeros_like(lse)
+        grad_lse = grad_lse.nan_to_num(0.0, posinf=0.0, neginf=0.0)
+
+        def pad(x, first=None):  # [B, H, T, D] -> [B, H, T, D + PAD], column D = first (0 if None)
+            extra = x.new_zeros(*x.shape[:-1], _FlashAttention.PAD)
+            if first is not None:
+                extra[..., 0] = first
+            return torch.cat([x, extra], dim=-1)
+
+        mask = None if ctx.include_self else _strictly_causal_bias(q)
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            pad(grad_out, 1.0), pad(q), pad(k), pad(v), pad(out, -grad_lse.to(out.dtype)), lse, 0.0,
+            ctx.include_self, attn_mask=mask, scale=1.0 / math.sqrt(dim))
+        grad_q, grad_k, grad_v = (g[..., :dim] for g in grads)
+        return grad_q, grad_k, grad_v, None
 
 
 @dataclass

@@ -37,48 +37,55 @@ class Targets:
     labels: torch.Tensor  # [B, T] int64: x_{t+1} as a training-vocabulary id, -1 outside it / the mask / the end
 
 
-@torch.no_grad()
-def target_distribution(last: torch.Tensor, token_ids: torch.Tensor, loss_mask: torch.Tensor, norm: torch.nn.Module,
-                        head_weight: torch.Tensor, vocab_ids: torch.Tensor | None, chunk: int = 2048) -> Targets:
-    """last [B, T, Ht] (layer N, before the final norm), token_ids/loss_mask [B, T]; head_weight [V, Ht];
-    vocab_ids [Vd] ascending target ids of the training vocabulary (None: the whole vocabulary).
+class TargetHead:
+    """The frozen target's final norm and head, split once by the training vocabulary: its rows
+    ``[Vd, Ht]``, and the rows outside it ``[V - Vd, Ht]`` kept for the argmax test (in bfloat16
+    where the CPU or GPU multiplies it natively: a near-tie may then fall either way)."""
 
-    The argmax test over the whole vocabulary uses bfloat16 logits where the CPU or GPU multiplies
-    them natively (a near-tie may fall either way); the distribution itself is float32."""
-    batch, seq, _ = last.shape
-    vocab = head_weight.shape[0]
-    device = last.device
-    to_train = torch.arange(vocab, device=device)
-    if vocab_ids is not None:
-        to_train = torch.full((vocab,), -1, dtype=torch.int64, device=device).index_copy_(
-            0, vocab_ids, torch.arange(len(vocab_ids), device=device))
-    candidate = torch.zeros_like(loss_mask)
-    candidate[:, :-1] = loss_mask[:, 1:]
-    flat = candidate.reshape(-1).nonzero().squeeze(1)  # flat (b * T + t) of candidate positions
-    states = norm(last.reshape(batch * seq, -1)[flat])  # [n, Ht]
-    train_weight = head_weight if vocab_ids is None else head_weight[vocab_ids]
-    rest_weight = None  # [V - Vd, Ht]: the rows outside the training vocabulary, for the argmax test
-    outside = torch.ones(vocab, dtype=torch.bool, device=device)
-    if vocab_ids is not None and outside.index_fill_(0, vocab_ids, False).any():
-        rest_weight = head_weight[outside].to(torch.bfloat16 if native_bf16(device) else head_weight.dtype)
-    kept, probs = [], []
-    for i in range(0, len(flat), chunk):
-        logits = F.linear(states[i:i + chunk], train_weight).float()  # [c, Vd]
-        if rest_weight is not None:  # the whole-vocabulary argmax lies inside: no row outside beats the best inside
-            keep = logits.amax(-1) >= F.linear(states[i:i + chunk].to(rest_weight.dtype), rest_weight).amax(-1).float()
-            logits = logits[keep]
-            kept.append(keep)
-        probs.append(logits.softmax(-1))
-    if kept:
-        flat = flat[torch.cat(kept)]
-    probs = torch.cat(probs) if probs else states.new_zeros(0, len(train_weight))
-    row = torch.full((batch * seq,), -1, dtype=torch.int64, device=device)
-    row[flat] = torch.arange(len(flat), device=device)
-    argmax = torch.full((batch * seq,), -1, dtype=torch.int64, device=device)
-    argmax[flat] = probs.argmax(-1) if len(flat) else flat
-    labels = torch.full_like(token_ids, -1)
-    labels[:, :-1] = torch.where(loss_mask[:, 1:], to_train[token_ids[:, 1:]], -1)
-    return Targets(probs, row.view(batch, seq), argmax.view(batch, seq), labels)
+    def __init__(self, norm: torch.nn.Module, head_weight: torch.Tensor, vocab_ids: torch.Tensor | None):
+        """head_weight [V, Ht]; vocab_ids [Vd] ascending target ids of the training vocabulary (None: all)."""
+        vocab, device = head_weight.shape[0], head_weight.device
+        self.norm = norm
+        self.to_train = torch.arange(vocab, device=device)  # [V] target id -> training id, -1 outside
+        self.train_weight = head_weight  # [Vd, Ht]
+        self.rest_weight = None  # [V - Vd, Ht]
+        if vocab_ids is not None:
+            self.to_train = torch.full((vocab,), -1, dtype=torch.int64, device=device).index_copy_(
+                0, vocab_ids, torch.arange(len(vocab_ids), device=device))
+            self.train_weight = head_weight[vocab_ids]
+            outside = self.to_train < 0
+            if outside.any():
+                self.rest_weight = head_weight[outside].to(torch.bfloat16 if native_bf16(device) else head_weight.dtype)
+
+    @torch.no_grad()
+    def distribution(self, last: torch.Tensor, token_ids: torch.Tensor, loss_mask: torch.Tensor,
+                     chunk: int = 2048) -> Targets:
+        """last [B, T, Ht] (layer N, before the final norm), token_ids/loss_mask [B, T]."""
+        batch, seq, _ = last.shape
+        device = last.device
+        candidate = torch.zeros_like(loss_mask)
+        candidate[:, :-1] = loss_mask[:, 1:]
+        flat = candidate.reshape(-1).nonzero().squeeze(1)  # flat (b * T + t) of candidate positions
+        states = self.norm(last.reshape(batch * seq, -1)[flat])  # [n, Ht]
+        rest = self.rest_weight
+        kept, probs = [], []
+        for i in range(0, len(flat), chunk):
+            logits = F.linear(states[i:i + chunk], self.train_weight).float()  # [c, Vd]
+            if rest is not None:  # the whole-vocabulary argmax lies inside: no row outside beats the best inside
+                keep = logits.amax(-1) >= F.linear(states[i:i + chunk].to(rest.dtype), rest).amax(-1).float()
+                logits = logits[keep]
+                kept.append(keep)
+            probs.append(logits.softmax(-1))
+        if kept:
+            flat = flat[torch.cat(kept)]
+        probs = torch.cat(probs) if probs else states.new_zeros(0, len(self.train_weight))
+        row = torch.full((batch * seq,), -1, dtype=torch.int64, device=device)
+        row[flat] = torch.arange(len(flat), device=device)
+        argmax = torch.full((batch * seq,), -1, dtype=torch.int64, device=device)
+        argmax[flat] = probs.argmax(-1) if len(flat) else flat
+        labels = torch.full_like(token_ids, -1)
+        labels[:, :-1] = torch.where(loss_mask[:, 1:], self.to_train[token_ids[:, 1:]], -1)
+        return Targets(probs, row.view(batch, seq), argmax.view(batch, seq), labels)
 
 
 def native_bf16(device: torch.device) -> bool:
@@ -103,6 +110,53 @@ def scored_positions(step: int, targets: Targets, loss: str) -> tuple[torch.Tens
     return (later >= 0).nonzero(as_tuple=True)
 
 
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    """``-sum_v p_v log softmax(z)_v`` per row and ``argmax z``, over ``CHUNK`` rows at a time.
+
+    ``logits`` [n, Vd] (any float dtype, kept as given); the target of row i is ``probs[rows[i]]``
+    (soft) or one-hot ``labels[i]`` (hard, ``probs`` None). The float32 work (log-sum-exp, the
+    dot with p, and the backward's ``softmax(z) - p``) runs on one chunk while it is in cache, so
+    no float32 ``[n, Vd]`` copy, gathered ``p`` or product is ever made: at 4 unroll steps over
+    8,192 draft tokens that was about 40% of a training step on a CPU. Saved for backward: the
+    logits as given and the ``[n]`` log-sum-exps.
+    """
+
+    CHUNK = 32  # rows: a float32 chunk of 8,192 logits is 1 MiB, inside a core's L2
+
+    @staticmethod
+    def forward(ctx, logits, probs, rows, labels):
+        n = logits.shape[0]
+        ce = torch.empty(n, dtype=torch.float32, device=logits.device)
+        lse = torch.empty_like(ce)
+        argmax = torch.empty(n, dtype=torch.int64, device=logits.device)
+        for i in range(0, n, _ChunkedCrossEntropy.CHUNK):
+            z = logits[i:i + _ChunkedCrossEntropy.CHUNK].float()  # [c, Vd]
+            lse[i:i + len(z)] = torch.logsumexp(z, dim=-1)
+            if probs is not None:
+                dot = torch.linalg.vecdot(probs[rows[i:i + len(z)]], z)
+            else:
+                dot = z.gather(-1, labels[i:i + len(z)].unsqueeze(-1)).squeeze(-1)
+            ce[i:i + len(z)] = lse[i:i + len(z)] - dot
+            argmax[i:i + len(z)] = z.argmax(-1)
+        ctx.save_for_backward(logits, probs, rows, labels, lse)
+        ctx.mark_non_differentiable(argmax)
+        return ce, argmax
+
+    @staticmethod
+    def backward(ctx, grad_ce, grad_argmax):
+        logits, probs, rows, labels, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for i in range(0, len(logits), _ChunkedCrossEntropy.CHUNK):
+            z = logits[i:i + _ChunkedCrossEntropy.CHUNK].float()
+            g = torch.exp(z - lse[i:i + len(z)].unsqueeze(-1))  # softmax(z)
+            if probs is not None:
+                g -= probs[rows[i:i + len(z)]]
+            else:
+                g.scatter_add_(-1, labels[i:i + len(z)].unsqueeze(-1), g.new_full((len(z), 1), -1.0))
+            grad[i:i + len(z)] = g * grad_ce[i:i + len(z)].unsqueeze(-1)
+        return grad, None, None, None
+
+
 def step_stats(step: int, normed: torch.Tensor, head, targets: Targets, loss: str = "soft") -> StepStats:
     """normed [B, T, H]: unroll step ``step``'s normed output; ``head(step, x [n, H]) -> [n, Vd]`` logits."""
     b, t = scored_positions(step, targets, loss)
@@ -110,12 +164,10 @@ def step_stats(step: int, normed: torch.Tensor, head, targets: Targets, loss: st
     if len(b) == 0:
         zero = normed.sum() * 0
         return StepStats(zero, zero.detach(), zero.detach())
-    logits = head(step, normed[b, t]).float()  # [n, Vd]
-    lse = torch.logsumexp(logits, dim=-1)
+    logits = head(step, normed[b, t])  # [n, Vd]
     if loss == "soft":
-        p = targets.probs[targets.row[b, later]]  # [n, Vd]
-        ce = lse - torch.linalg.vecdot(p, logits)  # -sum p log q, as sum p = 1
+        ce, argmax = _ChunkedCrossEntropy.apply(logits, targets.probs, targets.row[b, later], None)
     else:
-        ce = lse - logits.gather(-1, targets.labels[b, later].unsqueeze(-1)).squeeze(-1)
-    agree = (logits.argmax(-1) == targets.argmax[b, later]).sum()
+        ce, argmax = _ChunkedCrossEntropy.apply(logits, None, None, targets.labels[b, later])
+    agree = (argmax == targets.argmax[b, later]).sum()
     return StepStats(ce.sum(), torch.tensor(float(len(b)), device=ce.device), agree.to(ce.dtype))

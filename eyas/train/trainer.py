@@ -29,7 +29,7 @@ from eyas.data.manifest import changed_settings, write_json_atomic
 from eyas.model.loader import load_model
 from eyas.model.resolve import resolve_model
 from eyas.train.data import DumpData, plan_batches
-from eyas.train.objective import LOSSES, StepStats, native_bf16, step_stats, target_distribution
+from eyas.train.objective import LOSSES, StepStats, TargetHead, native_bf16, step_stats
 from eyas.train.recipes import RECIPES, Recipe, unroll
 
 logger = logging.getLogger("eyas")
@@ -167,7 +167,7 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.recipe = recipe.for_run(self.target, self.max_positions, config, self.data)
         self.recipe.drafter.to(self.device).train()
-        self.head_weight = self.target.lm_head.weight
+        self.target_head = TargetHead(self.target.norm, self.target.lm_head.weight, self.recipe.vocab_ids)
         self.loss_module = DrafterLoss(self.recipe, config)
         self.model = self.loss_module
         if self.world > 1:
@@ -254,8 +254,7 @@ class Trainer:
         batch = self.data.batch(indices, config.max_len, torch.float32)
         batch = type(batch)(*(None if t is None else t.to(self.device) for t in
                               (batch.token_ids, batch.loss_mask, batch.aux, batch.last)))
-        targets = target_distribution(batch.last, batch.token_ids, batch.loss_mask, self.target.norm,
-                                      self.head_weight, self.recipe.vocab_ids)
+        targets = self.target_head.distribution(batch.last, batch.token_ids, batch.loss_mask)
         lr = learning_rate(config, self.step, self.schedule_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
