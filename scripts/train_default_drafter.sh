@@ -31,7 +31,7 @@ eyas extract --data sharegpt --out "$WORK/dumps" --max-samples "$SAMPLES" --rege
 eyas extract --data sharegpt --out "$WORK/prefill" --max-samples "$PREFILL_SAMPLES" --max-len "$MAX_LEN" \
     --layers 2,15,27,30 --dtype bfloat16 --max-num-batched-tokens 4096 --chunk-size 500
 eyas train eagle3 --data "$WORK/dumps" "$WORK/prefill" --out "$WORK/eagle3" --draft-vocab-size 8192 \
-    --unroll-steps 4 --epochs "$EPOCHS" --lr 5e-4 --warmup-steps 20 --batch-tokens 4096 --max-len "$MAX_LEN" \
+    --unroll-steps 4 --epochs "$EPOCHS" --lr 2e-3 --warmup-steps 20 --batch-tokens 4096 --max-len "$MAX_LEN" \
     --checkpoint-every 50 --eval-prompts 8 --eval-tokens 128
 DEST=eyas/drafters/smollm2-135m-instruct-eagle3
 mkdir -p "$DEST"

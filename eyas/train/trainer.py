@@ -33,6 +33,11 @@ from eyas.train.objective import LOSSES, StepStats, TargetHead, native_bf16, ste
 from eyas.train.recipes import RECIPES, Recipe, unroll
 
 logger = logging.getLogger("eyas")
+# oneDNN (bf16 matmuls on the CPU) caches a primitive per matmul shape, 1,024 by default; a training
+# step's shapes follow its batch, so nearly every step adds new ones: about 10 MB of resident memory per
+# step (11 GB, and the OOM killer, after 170 steps of a 4,096-token EAGLE-3 run). A step uses a few dozen
+# shapes; 64 keeps them and bounds the cache. Read when oneDNN makes its first primitive.
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
 SCHEDULES = ("cosine", "linear", "constant")
 CHECKPOINT = "checkpoint.pt"
 
@@ -104,6 +109,21 @@ class TrainConfig:
         """The settings a resumed run must share (everything but where and how long it runs)."""
         skip = {"resume", "device", "log_every", "checkpoint_every", "max_steps", "epochs"}
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items() if k not in skip}
+
+
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None elsewhere. A CPU training step frees gigabytes of tensors whose
+    sizes change with the batch; glibc keeps the freed heap, and the resident set grew ~60 MB per step
+    (measured, 4,096-token EAGLE-3 batches). Trimming after each step keeps it flat, for well under 1%
+    of a step."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        return None
 
 
 def _rank() -> tuple[int, int]:
@@ -185,6 +205,7 @@ class Trainer:
         self.step = 0
         self.position = (0, 0)  # (epoch, batch index) of the next batch
         self.tokens_seen = 0
+        self.release_memory = _malloc_trim()
 
     def _open_data(self, aux: tuple[int, ...] | None):
         cfg, config = self.target_config, self.config
@@ -296,6 +317,8 @@ class Trainer:
             epoch = self.position[0]
             self.position, indices = next(batches)
             row = self.train_step(indices)
+            if self.release_memory is not None and self.device.type == "cpu":
+                self.release_memory(0)
             self.step += 1
             self.tokens_seen += row["tokens"]
             rate = (self.tokens_seen - start_tokens) / max(1e-9, time.perf_counter() - start)
