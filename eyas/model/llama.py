@@ -7,6 +7,7 @@ requests; the attention layers find their per-batch metadata in the forward cont
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 
 import torch
 from torch import nn
@@ -106,7 +107,8 @@ class LlamaForCausalLM(nn.Module):
         h = self.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.rotary.table(positions, h.dtype)
         aux = {}
-        for i, layer in enumerate(self.layers[:num_layers]):
+        # islice, not self.layers[:n]: slicing a ModuleList builds a new one (30 add_module calls per step)
+        for i, layer in enumerate(islice(self.layers, num_layers)):
             if i in self.aux_layer_ids:
                 aux[i] = h
             h = layer(h, cos, sin)
