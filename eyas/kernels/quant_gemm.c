@@ -436,6 +436,15 @@ static inline __attribute__((always_inline)) void rows(const int type, const int
         tile(type, NB, 1, x + m * ldx, ldx, nsub, w, rb, scratch->sc, pre, row_scale, out + m * ldo, ldo);
 }
 
+/* Ask for the weight bytes [from, to) ahead of their use. Decoding a tile otherwise stalls on its first
+   touch of every cache line (in row_scales, which reads each block's scales first), and the hardware
+   prefetcher alone left a decode step's 121 products about 15% slower (1 thread, SmolLM2-135M Q4_1 +
+   Q8_0 head streamed from memory: 13.2-14.0 ms -> 11.2-11.7 ms). A hint to keep the lines in every
+   cache level: a non-temporal one made the products twice as slow. */
+static inline void prefetch(const uint8_t *from, const uint8_t *to) {
+    for (const uint8_t *p = from; p < to; p += 64) __builtin_prefetch(p, 0, 3);
+}
+
 #define GEMM_FOR(TYPE)                                                                                           \
     static int gemm_##TYPE(const float *x, int64_t ldx, const uint8_t *weight, const float *row_scale,         \
                            float *out, int64_t ldo, int64_t m_len, int64_t n_len, int64_t k_len,              \
@@ -453,7 +462,8 @@ static inline __attribute__((always_inline)) void rows(const int type, const int
             _Pragma("omp for schedule(static)")                                                               \
             for (int64_t t = 0; t < tiles; t++) {                                                             \
                 if (failed) continue;                                                                         \
-                int64_t n0 = t * TILE_N;                                                                      \
+                int64_t n0 = t * TILE_N, next_end = n0 + 2 * TILE_N < n_len ? n0 + 2 * TILE_N : n_len;       \
+                prefetch(weight + (n0 + TILE_N) * rb, weight + next_end * rb); /* the next tile */            \
                 const float *rs = row_scale ? row_scale + n0 : NULL;                                          \
                 if (n0 + TILE_N <= n_len) {                                                                    \
                     rows(TYPE, TILE_N, x, ldx, m_len, nsub, weight + n0 * rb, rb, &scratch, rs, out + n0, ldo); \
