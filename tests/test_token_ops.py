@@ -70,6 +70,8 @@ def test_rotary_equals_pytorch_bit_for_bit(head_dim, rows):
     qk = qkv[:, :12]  # [T, 12, D]
     got = apply_rotary(qk, cos, sin)
     assert got.is_contiguous() and torch.equal(got, _torch_rotary(qk, cos, sin))
+    heads_apart = torch.randn(12, rows, head_dim, generator=gen).transpose(0, 1)  # [T, 12, D], copied first
+    assert torch.equal(apply_rotary(heads_apart, cos, sin), _torch_rotary(heads_apart, cos, sin))
 
 
 @pytest.mark.parametrize("width", [5, 8, 13, 1536])

@@ -158,7 +158,7 @@ class RMSNorm(nn.Module):
         out = torch.empty_like(x)
         size = x.shape[-1]
         _token_ops().rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // size, size, self.eps,
-                        torch.get_num_threads())
+                              torch.get_num_threads())
         return out
 
 
@@ -224,12 +224,16 @@ class RotaryEmbedding(nn.Module):
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [num_tokens, heads, head_dim] rotated by position (first half pairs with second half), into a new
     contiguous tensor; cos, sin: [num_tokens, 1, head_dim/2]. Float32 CPU inputs take one call of
-    ``token_ops.c`` (the same bits); x may then be a view with any token stride (heads packed)."""
+    ``token_ops.c`` (the same bits), which reads x in place when each token's heads lie back to back (the
+    q/k view of a fused q/k/v product)."""
+    if not _native(x, cos):
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
     num_tokens, heads, head_dim = x.shape
-    if _native(x, cos) and x.stride(2) == 1 and x.stride(1) == head_dim and cos.is_contiguous() and sin.is_contiguous():
-        out = torch.empty(num_tokens, heads, head_dim, dtype=torch.float32)
-        _token_ops().rotary(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), num_tokens, heads,
+    if x.stride(2) != 1 or x.stride(1) != head_dim:
+        x = x.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty(num_tokens, heads, head_dim, dtype=torch.float32)
+    _token_ops().rotary(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), num_tokens, heads,
                         head_dim, torch.get_num_threads())
-        return out
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return out
