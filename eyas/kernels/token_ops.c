@@ -39,8 +39,9 @@ static inline float lane_sum(v16f v) {
 /* Fewer floats than this are worked on by the calling thread alone: waking the team costs more. */
 #define PARALLEL_MIN_FLOATS 32768
 
-/* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight for r < rows: x and out [rows, n], weight [n]. The squares are summed in 16 lanes, then the lanes in one
-   fixed tree, then the n % 16 tail in order; each output is (x * inv) * weight, as PyTorch rounds it. */
+/* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight for r < rows: x and out [rows, n], weight [n]. The
+   squares are summed in 16 lanes, then the lanes in one fixed tree, then the n % 16 tail in order; each
+   output is (x * inv) * weight, as PyTorch rounds it. */
 int eyas_rms_norm(const float *x, const float *weight, float *out, int64_t rows, int64_t n, float eps, int num_threads) {
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (rows * n >= PARALLEL_MIN_FLOATS)
     for (int64_t r = 0; r < rows; r++) {
