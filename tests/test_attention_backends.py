@@ -169,6 +169,31 @@ def test_cpu_kernel_gives_the_same_bits_on_any_thread_count():
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
+@torch.inference_mode()
+def test_cpu_kernel_reads_views_of_a_fused_qkv_product():
+    """q/k/v as the model hands them over (views into one [T, H + 2 KVH, D] tensor, token stride past
+    the heads) give the same bits and the same cache as contiguous copies, on 1 and 2 threads."""
+    gen = torch.Generator().manual_seed(7)
+    attn = get_backend("cpu")
+    batch, q, k, v, kv_cache, ref, ref_cache = _case(gen, [(1, 70), (4, 33), (1, 0), (40, 9)])
+    fused = torch.cat([q, k, v], dim=1)  # [T, H + 2 KVH, D]
+    views = fused.split([HEADS, KV_HEADS, KV_HEADS], dim=1)
+    assert not views[0].is_contiguous()
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            caches = kv_cache.clone(), kv_cache.clone()
+            meta = attn.build_metadata(batch, torch.device("cpu"))
+            got = attn.forward(*views, caches[0], meta)
+            want = attn.forward(q, k, v, caches[1], meta)
+            assert torch.equal(got, want) and torch.equal(caches[0], caches[1])
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(caches[0].double(), ref_cache)
+
+
 def test_without_a_c_compiler_cpu_falls_back_to_sdpa(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("EYAS_CACHE_DIR", str(tmp_path))

@@ -1,6 +1,6 @@
 """Native CPU kernels: small C files built on first use by the system C compiler, cached, loaded with ctypes.
 
-A kernel is built once per (source, compiler flags, CPU) into ``<cache_dir>/kernels/<name>-<hash>.so``
+A kernel is built once per (source with the headers beside it, compiler flags, CPU) into ``<cache_dir>/kernels/<name>-<hash>.so``
 and reloaded from there afterwards (building takes 2-3 s on the project's CPU). It is built for this CPU
 (``-march=native``) with OpenMP; the library asks for ``libgomp.so.1`` by name, which resolves to
 the copy PyTorch has already loaded, so kernels and PyTorch share one thread pool. When no
@@ -76,7 +76,7 @@ def cpu_isa() -> str:
 
 
 def _build(source: Path, cc: str, flags: list[str]) -> Path | None:
-    text = source.read_bytes()
+    text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(_SOURCES.glob("*.h")))  # headers it may include
     key = hashlib.sha256(text + " ".join([cc, *flags, platform.machine(), _cpu_id()]).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"{source.stem}-{key}.so"
     if target.is_file():

@@ -1,6 +1,7 @@
 /* Paged attention for short queries on the CPU, reading K/V in place from the block-paged cache.
  *
- * One call attends every listed request. Request n owns query tokens q_start[n] ..
+ * One call writes the step's new K/V into the cache (so a layer's attention is one call, not three
+ * ops), then attends every listed request. Request n owns query tokens q_start[n] ..
  * q_start[n] + q_len[n] - 1, the last q_len[n] of its seq_len[n] context positions; its K/V for
  * position p live in cache slot table[row[n] * table_width + p / block_size] * block_size +
  * p % block_size. Query j of the request (at position seq_len - q_len + j) sees the keys
@@ -23,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef float v8f __attribute__((vector_size(32)));
+#include "exp8.h"
 
 static inline v8f load8(const float *p) {
     v8f v;
@@ -77,32 +78,6 @@ static inline void accumulate(float *y, const float *p, const float *const *v, i
         for (int64_t i = 0; i < d; i++) y[i] += p[t] * v[t][i];
 }
 
-typedef int32_t v8i __attribute__((vector_size(32)));
-
-/* exp of 8 lanes for the inputs softmax sees (x <= 0), within 1 ulp (measured: relative error at most
- * 8.3e-8 over [-100, 0]): x = n ln2 + r with |r| <= ln2 / 2, exp(r) from the polynomial of Cephes'
- * expf, times 2^n through the exponent bits. Lanes below -87.3 (where expf leaves the normal floats)
- * and -inf give 0. Scalar expf costs about 20 cycles a score, most of a verification item's time. */
-static inline v8f exp8(v8f x) {
-    const v8i under = x < -87.3f; /* -1 in lanes whose result flushes to 0 */
-    const v8f floor_x = (v8f){0} - 87.3f;
-    x = (v8f)(((v8i)x & ~under) | ((v8i)floor_x & under));
-    v8f t = x * 1.44269504088896341f + 0.5f;
-    v8i n = __builtin_convertvector(t, v8i);          /* truncates toward 0 */
-    n += (v8i)(__builtin_convertvector(n, v8f) > t);  /* -1 where that rounded up: floor */
-    v8f nf = __builtin_convertvector(n, v8f);
-    v8f r = x - nf * 0.693359375f + nf * 2.12194440e-4f; /* ln2 split in two for an exact product */
-    v8f p = (v8f){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    v8i bits = (v8i)p + (n << 23);
-    return (v8f)(bits & ~under);
-}
-
 static inline float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
     if (exp == 0x1f) {
@@ -149,9 +124,9 @@ static inline void rows_f32(const void *base, int64_t index, int64_t stride, int
  * (the switch in eyas_paged_attention), so the loops over d unroll and keep a query or accumulator
  * row in registers. */
 static inline __attribute__((always_inline)) void attend_item(
-        const float *q, float *out, const void *k_cache, const void *v_cache, int cache_dtype, int64_t slot_stride,
-        const int64_t *table, int64_t block_size, int64_t q_start, int64_t q_len, int64_t seq_len, int64_t kv_head,
-        int64_t groups, int64_t num_heads, const int64_t d, int64_t window, float scale, float *work) {
+        const float *q, int64_t q_stride, float *out, const void *k_cache, const void *v_cache, int cache_dtype,
+        int64_t slot_stride, const int64_t *table, int64_t block_size, int64_t q_start, int64_t q_len, int64_t seq_len,
+        int64_t kv_head, int64_t groups, int64_t num_heads, const int64_t d, int64_t window, float scale, float *work) {
     const int64_t rows = groups * q_len;
     float *qs = work;                      /* [rows, d] scaled queries */
     float *acc = qs + rows * d;            /* [rows, d] */
@@ -167,7 +142,7 @@ static inline __attribute__((always_inline)) void attend_item(
     int64_t lo_all = window > 0 ? first - window + 1 : 0;
     if (lo_all < 0) lo_all = 0;
     for (int64_t r = 0; r < rows; r++) { /* row r = token r / groups, head kv_head * groups + r % groups */
-        const float *src = q + ((q_start + r / groups) * num_heads + kv_head * groups + r % groups) * d;
+        const float *src = q + (q_start + r / groups) * q_stride + (kv_head * groups + r % groups) * d;
         for (int64_t i = 0; i < d; i++) qs[r * d + i] = src[i] * scale;
         memset(acc + r * d, 0, d * sizeof(float));
         m[r] = -INFINITY;
@@ -215,16 +190,22 @@ static inline __attribute__((always_inline)) void attend_item(
     }
 }
 
-/* q, out: [num_tokens, num_heads, d] float32. k_cache, v_cache: [num_slots, num_kv_heads, d] of
- * cache_dtype, slot_stride elements apart. table: [*, table_width] int64. q_start, q_len,
- * seq_len, row: [num_reqs] int64. window <= 0: no sliding window. Returns 0, or -1 when out of
- * memory. */
-int eyas_paged_attention(const float *q, float *out, const void *k_cache, const void *v_cache, int cache_dtype,
-                         int64_t slot_stride, const int64_t *table, int64_t table_width, int64_t block_size,
-                         const int64_t *q_start, const int64_t *q_len, const int64_t *seq_len, const int64_t *row,
-                         int64_t num_reqs, int64_t num_heads, int64_t num_kv_heads, int64_t d, int64_t window,
-                         float scale, int num_threads) {
-    const int64_t groups = num_heads / num_kv_heads;
+/* First writes this step's K/V into the cache: token t's k and v rows ([num_kv_heads, d] each, in the
+ * cache's dtype, token strides k_stride / v_stride elements) go to slot slot_mapping[t]. Then attends
+ * every listed request: q [num_tokens, num_heads, d] float32 (token stride q_stride), out [num_tokens,
+ * num_heads, d] float32 contiguous. kv_cache [2, num_slots, num_kv_heads, d] of cache_dtype, contiguous
+ * (K, then V). table: [*, table_width] int64. requests: [4, num_reqs] int64, rows q_start, q_len, seq_len
+ * and block-table row. window <= 0: no sliding window. Returns 0, or -1 when out of memory. */
+int eyas_paged_attention(const float *q, int64_t q_stride, const void *k, int64_t k_stride, const void *v,
+                         int64_t v_stride, void *kv_cache, int64_t num_slots, int cache_dtype, float *out,
+                         int64_t num_heads, int64_t num_kv_heads, int64_t d, float scale, const int64_t *slot_mapping,
+                         int64_t num_tokens, const int64_t *table, int64_t table_width, int64_t block_size,
+                         const int64_t *requests, int64_t num_reqs, int64_t window, int num_threads) {
+    const int64_t groups = num_heads / num_kv_heads, slot_stride = num_kv_heads * d;
+    const int64_t *q_start = requests, *q_len = requests + num_reqs, *seq_len = requests + 2 * num_reqs,
+                  *row = requests + 3 * num_reqs;
+    const size_t elem = cache_dtype == 0 ? 4 : 2, kv_row = (size_t)slot_stride * elem;
+    char *k_cache = kv_cache, *v_cache = k_cache + num_slots * kv_row;
     int64_t max_q = 1;
     for (int64_t n = 0; n < num_reqs; n++) max_q = q_len[n] > max_q ? q_len[n] : max_q;
     const int64_t max_rows = groups * max_q;
@@ -234,8 +215,13 @@ int eyas_paged_attention(const float *q, float *out, const void *k_cache, const 
     int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {
-        float *work = malloc(work_floats * sizeof(float));
-        if (work == NULL) {
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < num_tokens; t++) { /* the barrier after it: every write lands before any read */
+            memcpy(k_cache + slot_mapping[t] * slot_stride * elem, (const char *)k + t * k_stride * elem, kv_row);
+            memcpy(v_cache + slot_mapping[t] * slot_stride * elem, (const char *)v + t * v_stride * elem, kv_row);
+        }
+        float *work = num_reqs ? malloc(work_floats * sizeof(float)) : NULL;
+        if (num_reqs && work == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -245,8 +231,8 @@ int eyas_paged_attention(const float *q, float *out, const void *k_cache, const 
             int64_t n = item / num_kv_heads, g = item % num_kv_heads;
             if (q_len[n] == 0) continue;
             const int64_t *tbl = table + row[n] * table_width;
-#define ITEM(D) attend_item(q, out, k_cache, v_cache, cache_dtype, slot_stride, tbl, block_size, q_start[n], q_len[n], \
-                            seq_len[n], g, groups, num_heads, D, window, scale, work)
+#define ITEM(D) attend_item(q, q_stride, out, k_cache, v_cache, cache_dtype, slot_stride, tbl, block_size, q_start[n], \
+                            q_len[n], seq_len[n], g, groups, num_heads, D, window, scale, work)
             switch (d) { /* common head dims get a copy specialised for them */
                 case 64: ITEM(64); break;
                 case 128: ITEM(128); break;

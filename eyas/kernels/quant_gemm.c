@@ -415,13 +415,29 @@ static void scratch_free(scratch_t *s) {
     free(s->hs);
 }
 
+/* Ask for the weight bytes [from, to) ahead of their use, with a hint to keep them in every cache level
+   (a non-temporal hint made a decode step's products twice as slow). */
+static inline void prefetch(const uint8_t *from, const uint8_t *to) {
+    for (const uint8_t *p = from; p < to; p += 64) __builtin_prefetch(p, 0, 3);
+}
+
 /* NB weight rows against all rows of x, TILE_M at a time. A few rows decode the weights as they go
-   (each weight byte is read once either way); more rows decode the tile once into buf and reuse it. */
+   (each weight byte is read once either way); more rows decode the tile once into buf and reuse it.
+
+   Row j of the next tile (next_rows of them; rb bytes each after w's rows) is prefetched as row j of
+   this one has its scales gathered: decoding otherwise stalls on the first touch of every cache line
+   (in row_scales, which reads each block's scales first). With the hardware prefetcher alone a
+   batch-1 decode step's 121 products took 13.3 ms, with this 10.9 ms (1 thread, SmolLM2-135M's Q4_1
+   layers and Q8_0 head streamed from memory, medians of 5 interleaved runs). Prefetching the whole
+   next tile at once gained half of that: the prefetches stalled on the full line-fill buffers. */
 static inline __attribute__((always_inline)) void rows(const int type, const int NB, const float *x, int64_t ldx,
                                                      int64_t m_len, int64_t nsub, const uint8_t *w, int64_t rb,
-                                                     scratch_t *scratch, const float *row_scale, float *out,
-                                                     int64_t ldo) {
-    for (int j = 0; j < NB; j++) row_scales(type, w + j * rb, nsub, scratch->sc + j * 3 * nsub, scratch->hs, scratch->hf);
+                                                     int64_t next_rows, scratch_t *scratch, const float *row_scale,
+                                                     float *out, int64_t ldo) {
+    for (int j = 0; j < NB; j++) {
+        if (j < next_rows) prefetch(w + (NB + j) * rb, w + (NB + j + 1) * rb);
+        row_scales(type, w + j * rb, nsub, scratch->sc + j * 3 * nsub, scratch->hs, scratch->hf);
+    }
     const wsub_t *pre = NULL;
     if (m_len > TILE_M) {
         for (int j = 0; j < NB; j++)
@@ -456,10 +472,11 @@ static inline __attribute__((always_inline)) void rows(const int type, const int
                 int64_t n0 = t * TILE_N;                                                                      \
                 const float *rs = row_scale ? row_scale + n0 : NULL;                                          \
                 if (n0 + TILE_N <= n_len) {                                                                    \
-                    rows(TYPE, TILE_N, x, ldx, m_len, nsub, weight + n0 * rb, rb, &scratch, rs, out + n0, ldo); \
+                    rows(TYPE, TILE_N, x, ldx, m_len, nsub, weight + n0 * rb, rb, n_len - n0 - TILE_N, &scratch, rs, \
+                         out + n0, ldo);                                                                      \
                 } else {                                                                                      \
                     for (int64_t n = n0; n < n_len; n++)                                                      \
-                        rows(TYPE, 1, x, ldx, m_len, nsub, weight + n * rb, rb, &scratch, rs ? rs + (n - n0) : NULL, \
+                        rows(TYPE, 1, x, ldx, m_len, nsub, weight + n * rb, rb, 0, &scratch, rs ? rs + (n - n0) : NULL, \
                              out + n, ldo);                                                                   \
                 }                                                                                             \
             }                                                                                                 \

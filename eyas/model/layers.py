@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -111,14 +112,54 @@ def _emulated_half() -> frozenset[torch.dtype]:
 _EMULATED_HALF = _emulated_half()
 
 
+class _TokenOps(NamedTuple):
+    rms_norm: ctypes._CFuncPtr
+    rotary: ctypes._CFuncPtr
+    silu_mul: ctypes._CFuncPtr
+
+
+@functools.cache
+def _token_ops() -> _TokenOps | None:
+    """The C entry points of ``eyas/kernels/token_ops.c``, or None where it cannot be built."""
+    from eyas import kernels
+
+    ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    norm = kernels.entry("token_ops", ptr, ptr, ptr, i64, i64, ctypes.c_float, i32, function="rms_norm")
+    if norm is None:
+        return None
+    return _TokenOps(norm, kernels.entry("token_ops", ptr, i64, ptr, ptr, ptr, i64, i64, i64, i32, function="rotary"),
+                     kernels.entry("token_ops", ptr, ptr, i64, i64, i32, function="silu_mul"))
+
+
+def _native(x: torch.Tensor, param: torch.Tensor | None = None) -> bool:
+    """Whether an op on activation ``x`` (with float32 ``param``: a norm weight, a cos table) takes
+    ``token_ops.c``: float32 on the CPU, nothing recorded for autograd, and the kernel builds."""
+    if not (x.dtype is torch.float32 and x.is_cpu and (param is None or param.dtype is torch.float32)):
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or (param is not None and param.requires_grad)):
+        return False
+    return _token_ops() is not None
+
+
 class RMSNorm(nn.Module):
+    """RMSNorm over the last dimension; float32 CPU inputs take one call of ``token_ops.c`` (PyTorch's
+    op order, its sum of squares added up in another order: within a few units in the last place)."""
+
     def __init__(self, size: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        weight = self.weight
+        if not _native(x, weight):
+            return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
+        x = x.contiguous()  # [..., size]
+        out = torch.empty_like(x)
+        size = x.shape[-1]
+        _token_ops().rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // size, size, self.eps,
+                              torch.get_num_threads())
+        return out
 
 
 class GatedMLP(nn.Module):
@@ -130,8 +171,21 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [..., 2n] (gate, then up) -> silu(gate) * up [..., n]. Float32 CPU inputs take one call of
+    ``token_ops.c`` (within a few units in the last place of PyTorch's ops: its exp differs)."""
+    if not _native(gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    gate_up = gate_up.contiguous()
+    *lead, width = gate_up.shape
+    out = torch.empty(*lead, width // 2, dtype=torch.float32)
+    _token_ops().silu_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // width, width // 2,
+                          torch.get_num_threads())
+    return out
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -168,6 +222,18 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [num_tokens, heads, head_dim] rotated by position (first half pairs with second half)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    """x: [num_tokens, heads, head_dim] rotated by position (first half pairs with second half), into a new
+    contiguous tensor; cos, sin: [num_tokens, 1, head_dim/2]. Float32 CPU inputs take one call of
+    ``token_ops.c`` (the same bits), which reads x in place when each token's heads lie back to back (the
+    q/k view of a fused q/k/v product)."""
+    if not _native(x, cos):
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    num_tokens, heads, head_dim = x.shape
+    if x.stride(2) != 1 or x.stride(1) != head_dim:
+        x = x.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty(num_tokens, heads, head_dim, dtype=torch.float32)
+    _token_ops().rotary(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), num_tokens, heads,
+                        head_dim, torch.get_num_threads())
+    return out

@@ -7,6 +7,7 @@ requests; the attention layers find their per-batch metadata in the forward cont
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 
 import torch
 from torch import nn
@@ -41,15 +42,14 @@ class Attention(nn.Module):
         self.sliding_window: int | None = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        qk, v = self.qkv_proj(x).split([self.q_size + self.kv_size, self.kv_size], dim=-1)
-        qk = qk.view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim)  # [T, H + KVH, D]
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
+        num_tokens, heads, kv_heads = x.shape[0], self.num_heads, self.num_kv_heads
+        # views, not copies or splits (a decode step is bound by its count of ops: narrow is a third of split's cost)
+        qkv = self.qkv_proj(x).view(num_tokens, heads + 2 * kv_heads, self.head_dim)  # [T, H + 2 KVH, D]
+        qk, v = qkv.narrow(1, 0, heads + kv_heads), qkv.narrow(1, heads + kv_heads, kv_heads)
         if self.q_norm is not None:
-            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=1)
-        # q and k heads rotated in one call (fewer ops per layer: a decode step is op-bound)
-        q, k = apply_rotary(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)  # [T, H, D], [T, KVH, D]
+            qk = torch.cat([self.q_norm(qk.narrow(1, 0, heads)), self.k_norm(qk.narrow(1, heads, kv_heads))], dim=1)
+        qk = apply_rotary(qk, cos, sin)  # [T, H + KVH, D]: q and k heads rotated in one call
+        q, k = qk.narrow(1, 0, heads), qk.narrow(1, heads, kv_heads)  # [T, H, D], [T, KVH, D]
         ctx = get_forward_context()
         out = ctx.backend.forward(q, k, v, self.kv_cache, ctx.attn_metadata[self.kv_cache_group])
         return self.o_proj(out.reshape(num_tokens, self.q_size))
@@ -106,7 +106,8 @@ class LlamaForCausalLM(nn.Module):
         h = self.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.rotary.table(positions, h.dtype)
         aux = {}
-        for i, layer in enumerate(self.layers[:num_layers]):
+        # islice, not self.layers[:n]: slicing a ModuleList builds a new one (30 add_module calls per step)
+        for i, layer in enumerate(islice(self.layers, num_layers)):
             if i in self.aux_layer_ids:
                 aux[i] = h
             h = layer(h, cos, sin)
