@@ -242,8 +242,43 @@ def test_acceptance_estimate_is_decayed_accepted_over_accepted_plus_rejections()
     assert b.acceptance() == pytest.approx((8 + 1) / (8 + 2))
     b.update(4, 1)  # 1 accepted, then a rejection; the first verification weighs 0.9
     assert b.acceptance() == pytest.approx((0.9 * 8 + 1 + 1) / (0.9 * 8 + 1 + 1 + 2))
-    b.update(0, 0)  # nothing verified: no evidence
-    assert b.acceptance() == pytest.approx((0.9 * 8 + 1 + 1) / (0.9 * 8 + 1 + 1 + 2))
+    b.update(0, 0)  # nothing verified: no new evidence, the old fades toward the prior
+    accepted, rejections = 0.9 * (0.9 * 8 + 1), 0.9 * 1
+    assert b.acceptance() == pytest.approx((accepted + 1) / (accepted + rejections + 2))
+
+
+def test_budget_peek_is_the_next_take_and_estimate_without_side_effects():
+    import copy
+
+    from eyas.spec.adaptive import DraftBudget
+
+    b = DraftBudget.start(4)
+    peeked = []
+    for accepted in [1, 0, 0, 0, 0, 0, 0, 1]:
+        drafted = b.take()  # this step's schedule
+        before = copy.deepcopy(b)
+        peeked.append(b.peek())
+        assert b == before  # nothing changed
+        quiet = copy.deepcopy(b)
+        quiet.update(0, 0)  # had this step verified nothing, the next step would see:
+        assert peeked[-1] == (quiet.take(), quiet.acceptance())
+        b.update(drafted, min(drafted, accepted))
+    # misses at steps 1 and 3 pause the request for 1, then 3 steps: the peek says 0 until the pause ends
+    assert [n for n, _ in peeked] == [4, 3, 2, 2, 0, 0, 1, 1]
+
+
+def test_a_request_the_cost_model_skips_is_retried_as_its_evidence_fades():
+    """The documented example: at 8 decoding rows (c = 0.07) a request at 0.29 gets no draft; after 10 steps
+    without drafts its estimate is back at 0.36 and its first draft is verified again."""
+    from eyas.spec.adaptive import DraftBudget, allocate_drafts
+
+    b = DraftBudget(k=4, limit=4, accepted=1.0, rejections=4.0)
+    others = [(4, 0.2, 0)] * 7
+    waited = 0
+    while allocate_drafts([(b.peek()[0], b.peek()[1], 0)] + others, 8, 0.07, 64)[0] == 0:
+        b.update(0, 0)
+        waited += 1
+    assert waited == 9 and b.peek()[1] == pytest.approx(0.36, abs=0.005)
 
 
 def test_draft_allocation_follows_the_documented_examples():

@@ -18,8 +18,10 @@ Example (k = 4): accepted 4/4 -> limit 4; 2/4 -> 4; 1/4 -> 3; 0/3 -> 2 and a 1-s
 
 The budget also estimates ``acceptance()``, the chance that a draft is accepted once the one
 before it was (a geometric model): decayed accepted drafts over accepted drafts plus decayed
-rejections, with a prior of 0.5 weighted as 2 drafts. Draft j of a request with acceptance a
-is then worth a^j expected tokens.
+rejections, with a prior of 0.5 weighted as 2 drafts. Evidence fades by 0.9 at every step the
+request samples, whether it verified drafts or not, so the estimate of a request that stopped
+verifying drifts back toward the prior. Draft j of a request with acceptance a is then worth a^j
+expected tokens.
 
 Per batch (``allocate_drafts``): a forward of n rows costs ``1 + c * n`` (c = the row cost,
 ``SpeculativeConfig.draft_row_cost``), and a step emits E tokens, one per sampling request plus
@@ -31,6 +33,16 @@ requests with acceptance 0.5 verify one draft each (the first is worth 0.5 >= 0.
 second, worth 0.25, falls short of 0.33). The CPU default is c = 0.07. Leading drafts forced by the
 request's grammar (``eyas.sampling.grammar``) are certain, worth 1 each; the drafts after them are
 worth a, a^2, ...
+
+**Retrying.** A request the cost model gives no drafts verifies nothing, so its budget learns
+nothing; the fade lets its estimate drift toward the prior, and it is verified again as soon as its
+first draft is worth its row: once the estimate has drifted far enough, or once the batch makes rows
+cheaper (prompt chunks in the forward, fewer requests). A pause, too, ends with an estimate closer
+to the prior, so the retry it promises is not refused for the misses that caused it. Example
+(c = 0.07, 8 decoding rows: a first draft must be worth 0.36): a request with 1 accepted draft and
+4 rejections, estimate (1 + 1) / (1 + 4 + 2) = 0.29, gets none; its evidence fades 0.9 a step: after
+5 steps (0.59 + 1) / (0.59 + 2.36 + 2) = 0.32, after 10 steps (0.35 + 1) / (0.35 + 1.39 + 2) = 0.36,
+and its first draft is verified again.
 """
 
 from __future__ import annotations
@@ -39,7 +51,7 @@ from dataclasses import dataclass
 
 MAX_PAUSE = 31
 PRIOR, PRIOR_WEIGHT = 0.5, 2.0  # acceptance before any evidence, and its weight in drafts
-DECAY = 0.9  # per verification: older evidence fades
+DECAY = 0.9  # per sampling step: older evidence fades
 
 
 @dataclass
@@ -57,20 +69,27 @@ class DraftBudget:
 
     def take(self) -> int:
         """Drafts this step may verify (0 while paused); counts one step of a pause."""
-        if self.pause > 0:
-            self.pause -= 1
-            return 0
-        return self.limit
+        limit = self.peek()[0]
+        self.pause = max(0, self.pause - 1)
+        return limit
 
     def acceptance(self) -> float:
         """P(a draft is accepted | the draft before it was), from recent verifications."""
-        return (self.accepted + PRIOR * PRIOR_WEIGHT) / (self.accepted + self.rejections + PRIOR_WEIGHT)
+        return _estimate(self.accepted, self.rejections)
+
+    def peek(self) -> tuple[int, float]:
+        """(what the next ``take`` returns, ``acceptance()`` after this step's fade) if this step's verification
+        adds no evidence; changes nothing."""
+        return (0 if self.pause > 0 else self.limit), _estimate(DECAY * self.accepted, DECAY * self.rejections)
 
     def update(self, num_drafts: int, num_accepted: int) -> None:
+        """One sampling step of the request: evidence fades, then ``num_drafts`` verified drafts count (0: none)."""
+        self.accepted *= DECAY
+        self.rejections *= DECAY
         if num_drafts == 0:
             return
-        self.accepted = DECAY * self.accepted + num_accepted
-        self.rejections = DECAY * self.rejections + (num_accepted < num_drafts)
+        self.accepted += num_accepted
+        self.rejections += num_accepted < num_drafts
         if num_accepted == num_drafts:
             self.limit = min(self.k, self.limit + 2)
         elif 2 * num_accepted < num_drafts:
@@ -80,6 +99,10 @@ class DraftBudget:
             self.pause = min(2 ** self.misses - 1, MAX_PAUSE)
         else:
             self.misses = 0
+
+
+def _estimate(accepted: float, rejections: float) -> float:
+    return (accepted + PRIOR * PRIOR_WEIGHT) / (accepted + rejections + PRIOR_WEIGHT)
 
 
 def allocate_drafts(offers: list[tuple[int, float, int]], num_rows: int, row_cost: float,
