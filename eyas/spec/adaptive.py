@@ -43,6 +43,19 @@ to the prior, so the retry it promises is not refused for the misses that caused
 4 rejections, estimate (1 + 1) / (1 + 4 + 2) = 0.29, gets none; its evidence fades 0.9 a step: after
 5 steps (0.59 + 1) / (0.59 + 2.36 + 2) = 0.32, after 10 steps (0.35 + 1) / (0.35 + 1.39 + 2) = 0.36,
 and its first draft is verified again.
+
+**Skipping the drafter.** After verification the runner asks the proposer for the next step's
+drafts, so a drafter costs a step even when the scheduler will drop what it drafts. The scheduler
+therefore tells the proposer, per sampling request, how many drafts it expects to verify next step
+(``Scheduler._expected_drafts``): ``peek`` (what the next ``take`` gives, and the estimate after this
+step's fade) and ``allocate_drafts`` over the rows the next step will have, side-effect free, as if
+this step's verification brought no evidence. A proposer may skip a request told 0. A
+skipped request is not starved: its expectation comes from its budget alone, never from the drafts
+it holds, so a request skipped this step is offered its full limit again at the next; a pause counts
+down every step, drafted or not, and drafting resumes when it ends; a request the cost model rejects
+is retried as above. Where even the prior is not worth a row (c = 0.07: 15 or more decoding rows and
+nothing else in the forward), no request drafts until the batch changes: the cost model's answer,
+not starvation.
 """
 
 from __future__ import annotations
