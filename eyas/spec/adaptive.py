@@ -49,13 +49,13 @@ drafts, so a drafter costs a step even when the scheduler will drop what it draf
 therefore tells the proposer, per sampling request, how many drafts it expects to verify next step
 (``Scheduler._expected_drafts``): ``peek`` (what the next ``take`` gives, and the estimate after this
 step's fade) and ``allocate_drafts`` over the rows the next step will have, side-effect free, as if
-this step's verification brought no evidence. A proposer may skip a request told 0. A
-skipped request is not starved: its expectation comes from its budget alone, never from the drafts
-it holds, so a request skipped this step is offered its full limit again at the next; a pause counts
-down every step, drafted or not, and drafting resumes when it ends; a request the cost model rejects
-is retried as above. Where even the prior is not worth a row (c = 0.07: 15 or more decoding rows and
-nothing else in the forward), no request drafts until the batch changes: the cost model's answer,
-not starvation.
+this step's verification brought no evidence. A proposer may skip a request told 0 (a hidden-state
+drafter then leaves it out entirely, ``eyas.spec.catch_up``). A skipped request is not starved: its
+expectation comes from its budget alone, never from the drafts it holds, so a request skipped this
+step is offered its full limit again at the next; a pause counts down every step, drafted or not,
+and drafting resumes when it ends; a request the cost model rejects is retried as above. Where even
+the prior is not worth a row (c = 0.07: 15 or more decoding rows and nothing else in the forward),
+no request drafts until the batch changes: the cost model's answer, not starvation.
 """
 
 from __future__ import annotations
