@@ -108,7 +108,7 @@ def test_expected_drafts_equal_what_the_next_step_verifies():
     """The plan's peek (``expected_drafts``) is what the next step allocates when this step's verification
     teaches nothing: 16 requests at batch 16 beside a prompt that finishes next step, with budgets that
     verify several drafts, one, none (low estimate), none (paused), a request out of max_tokens room and one
-    that opted out of speculation. The peek changes no budget."""
+    that opted out of speculation; the drafter's step cost is paid. The peek changes no budget."""
     import copy
 
     from eyas.config import SchedulerConfig
@@ -122,7 +122,8 @@ def test_expected_drafts_equal_what_the_next_step_verifies():
     k = 4
     kv = KVCacheManager([KVCacheGroupSpec("target", ("layers",), 1)], 512, 16, enable_prefix_caching=False)
     scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=256, max_model_len=1024), kv,
-                          SpeculativeConfig(method="ngram", num_speculative_tokens=k), draft_row_cost=0.07)
+                          SpeculativeConfig(method="ngram", num_speculative_tokens=k), draft_row_cost=0.07,
+                          draft_step_cost=0.35)
     evidence = [(30.0, 0.5), (6.0, 1.0), (2.0, 2.0), (1.0, 4.0)]  # accepted, rejections: 0.96 .. 0.29
     for i in range(16):
         params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=2 if i == 4 else 64, speculate=i != 5)

@@ -200,6 +200,7 @@ def test_metrics_are_exact_on_a_constructed_case(spec_models, monkeypatch):
     ({"method": "ngram", "num_speculative_tokens": 2, "colour": 1}, r"unknown key\(s\) \['colour'\]"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 2},
      "prompt_lookup_min/max"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "draft_step_cost": -1}, "draft_step_cost: -1 must be a number >= 0"),
     ({"method": "draft_model", "num_speculative_tokens": 2}, "needs exactly one of 'model'"),
     ({"method": "draft_model", "num_speculative_tokens": 2, "draft_num_layers": 9}, "draft_num_layers: 9 must be below"),
 ])
@@ -296,6 +297,11 @@ def test_draft_allocation_follows_the_documented_examples():
     # drafts forced by a grammar are certain: 8 requests at 0.5 verify their 3 forced drafts (where they would
     # verify 1 without); then the 4th, worth 0.5, no longer covers its row (0.5 * (1 + 0.05 * 32) < 0.05 * 32)
     assert allocate_drafts([(8, 0.5, 3)] * 8, num_rows=8, row_cost=0.05, max_drafts=64) == [3] * 8
+    # a drafter whose step costs s = 0.35 of a one-row forward: drafts must pay for it too (k = 1)
+    assert allocate_drafts([(1, 0.5, 0)], num_rows=1, row_cost=0.07, max_drafts=64, step_cost=0.35) == [1]
+    assert allocate_drafts([(1, 0.36, 0)], num_rows=1, row_cost=0.07, max_drafts=64, step_cost=0.35) == [0]
+    assert allocate_drafts([(1, 0.5, 0)] * 14, num_rows=14, row_cost=0.07, max_drafts=64, step_cost=0.35) == [0] * 14
+    assert allocate_drafts([(1, 0.5, 0)] * 4, num_rows=4, row_cost=0.07, max_drafts=64, step_cost=0.35) == [1] * 4
 
 
 def test_adaptive_drafting_backs_off_when_drafts_are_useless(spec_models, monkeypatch):

@@ -28,7 +28,8 @@ def _llm(drafters, case, spec_over=None, **over):
     method, key = CASES[case]
     folder = drafters.folders[key]
     target = folder if method == "mtp" else str(drafters.target)
-    spec = {"method": method, "num_speculative_tokens": K, **(spec_over or {})}
+    # these tests check what is drafted, not whether a drafter's step pays (eyas.spec.adaptive): free steps
+    spec = {"method": method, "num_speculative_tokens": K, "draft_step_cost": 0.0, **(spec_over or {})}
     if method != "mtp":
         spec["model"] = folder
     kw = dict(dtype="float32", max_model_len=256, kv_cache_gb=0.05, speculative_config=spec)
@@ -172,13 +173,14 @@ def test_requests_draft_again_after_skipped_steps_batch_1_and_8_with_preemption(
 
 
 def test_a_drafter_the_cost_model_rejects_at_batch_16_never_runs_its_head(drafters):
-    """At batch 16 with rows this dear, no draft is worth verifying: the scheduler tells every request 0 and
-    the EAGLE-3 drafter skips its prefill, head and decode steps; output equals plain greedy. Alone, it drafts."""
+    """At batch 16 with the CPU costs (rows 0.07, the drafter's step 0.35), drafts at the prior acceptance do not
+    pay: the scheduler tells every request 0 and the EAGLE-3 drafter skips its prefill, head and decode steps;
+    output equals plain greedy. Alone, it drafts."""
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     prompts = _prompts(8) + _prompts(8, seed=1)
     plain = LLM(str(drafters.target), dtype="float32", max_model_len=256, kv_cache_gb=0.05)
     want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
-    llm = _llm(drafters, "eagle3", spec_over={"draft_row_cost": 0.2})
+    llm = _llm(drafters, "eagle3", spec_over={"draft_step_cost": None})
     proposer = llm.engine.runner.proposer
     calls = {"propose": 0, "prefill": 0, "head": 0, "decode": 0}
 

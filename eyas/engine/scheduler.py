@@ -52,11 +52,12 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, speculative: "SpeculativeConfig | None" = None,
-                 draft_row_cost: float = 0.0):
+                 draft_row_cost: float = 0.0, draft_step_cost: float = 0.0):
         self.config = config
         self.kv = kv
         self.speculative = speculative
         self.draft_row_cost = draft_row_cost  # one more row of a forward, relative to a one-row forward
+        self.draft_step_cost = draft_step_cost  # the drafter's work in a step that verifies drafts, likewise
         self.num_lookahead_tokens = speculative.num_speculative_tokens if speculative else 0
         self.budgets: dict[str, DraftBudget] = {}  # request id -> adaptive draft length
         self.waiting: deque[Request] = deque()
@@ -135,7 +136,7 @@ class Scheduler:
         offered = {request.request_id: self._usable_drafts(request) for request in sampling}
         if self.speculative.adaptive_draft_length:
             offers = [(len(d), self.budgets[i].acceptance(), _leading(f)) for i, (d, f) in offered.items()]
-            counts = allocate_drafts(offers, num_rows, self.draft_row_cost, budget)
+            counts = allocate_drafts(offers, num_rows, self.draft_row_cost, budget, self.draft_step_cost)
         else:  # every draft, first come first served within the budget
             counts = allocate_drafts([(len(d), 1.0, 0) for d, _ in offered.values()], num_rows, 0.0, budget)
         return {i: (d[:n], f[:n]) for (i, (d, f)), n in zip(offered.items(), counts)}
@@ -183,7 +184,8 @@ class Scheduler:
             limit, acceptance = self.budgets.get(request.request_id, fresh).peek()
             room = min(limit, self._room(request, 1)) if request.request_id in drafting and request.params.speculate else 0
             offers[request.request_id] = (max(0, room), acceptance, 0)
-        allocated = dict(zip(offers, allocate_drafts(list(offers.values()), num_rows, self.draft_row_cost, budget)))
+        counts = allocate_drafts(list(offers.values()), num_rows, self.draft_row_cost, budget, self.draft_step_cost)
+        allocated = dict(zip(offers, counts))
         return {i: allocated.get(i, 0) for i in drafting}
 
     @staticmethod

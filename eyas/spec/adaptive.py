@@ -24,25 +24,30 @@ verifying drifts back toward the prior. Draft j of a request with acceptance a i
 expected tokens.
 
 Per batch (``allocate_drafts``): a forward of n rows costs ``1 + c * n`` (c = the row cost,
-``SpeculativeConfig.draft_row_cost``), and a step emits E tokens, one per sampling request plus
-the expected accepted drafts. A draft worth g tokens raises E / cost iff
-``g * (1 + c * n) >= c * E``; drafts are taken best first while that holds. With c = 0 (CUDA,
-where a few more rows cost nothing) every offered draft is verified. Example (c = 0.05): one
-request with acceptance 0.85 verifies all 8 drafts (the 8th is worth 0.27 >= 0.17), while 8
-requests with acceptance 0.5 verify one draft each (the first is worth 0.5 >= 0.29; then a
-second, worth 0.25, falls short of 0.33). The CPU default is c = 0.07. Leading drafts forced by the
-request's grammar (``eyas.sampling.grammar``) are certain, worth 1 each; the drafts after them are
-worth a, a^2, ...
+``SpeculativeConfig.draft_row_cost``), plus s when it verifies any draft (s = the drafter's step
+cost, ``SpeculativeConfig.draft_step_cost``: what a drafter that leaves out the requests told 0 spends
+on a step it drafts in; 0 for cheap proposers), and a step emits E tokens, one per sampling request
+plus the expected accepted drafts. A draft worth g tokens raises E / cost iff
+``g * (1 + c * n + s) >= c * E``; drafts are taken best first while that holds, and kept only if
+E / cost then beats the step without drafts. With c = s = 0 (CUDA, where a few more rows cost
+nothing) every offered draft is verified. Examples (c = 0.05, s = 0): one request with acceptance
+0.85 verifies all 8 drafts (the 8th is worth 0.27 >= 0.17), while 8 requests with acceptance 0.5
+verify one draft each (the first is worth 0.5 >= 0.29; then a second, worth 0.25, falls short of
+0.33). The CPU defaults are c = 0.07 and, for hidden-state drafters, s = 0.35. With them (k = 1)
+one request at acceptance 0.5 drafts (1.5 tokens for 1.49 beat 1 for 1.07), at 0.36 it does not
+(1.36 / 1.49 < 1 / 1.07); 14 requests at 0.5 would take a draft each, but 21 tokens for 3.31 fall
+short of 14 for 1.98, so none drafts. Leading drafts forced by the request's grammar
+(``eyas.sampling.grammar``) are certain, worth 1 each; the drafts after them are worth a, a^2, ...
 
 **Retrying.** A request the cost model gives no drafts verifies nothing, so its budget learns
 nothing; the fade lets its estimate drift toward the prior, and it is verified again as soon as its
 first draft is worth its row: once the estimate has drifted far enough, or once the batch makes rows
 cheaper (prompt chunks in the forward, fewer requests). A pause, too, ends with an estimate closer
 to the prior, so the retry it promises is not refused for the misses that caused it. Example
-(c = 0.07, 8 decoding rows: a first draft must be worth 0.36): a request with 1 accepted draft and
-4 rejections, estimate (1 + 1) / (1 + 4 + 2) = 0.29, gets none; its evidence fades 0.9 a step: after
-5 steps (0.59 + 1) / (0.59 + 2.36 + 2) = 0.32, after 10 steps (0.35 + 1) / (0.35 + 1.39 + 2) = 0.36,
-and its first draft is verified again.
+(c = 0.07, s = 0, 8 decoding rows: a first draft must be worth 0.36): a request with 1 accepted
+draft and 4 rejections, estimate (1 + 1) / (1 + 4 + 2) = 0.29, gets none; its evidence fades 0.9 a
+step: after 5 steps (0.59 + 1) / (0.59 + 2.36 + 2) = 0.32, after 10 steps
+(0.35 + 1) / (0.35 + 1.39 + 2) = 0.36, and its first draft is verified again.
 
 **Skipping the drafter.** After verification the runner asks the proposer for the next step's
 drafts, so a drafter costs a step even when the scheduler will drop what it drafts. The scheduler
@@ -54,8 +59,9 @@ drafter then leaves it out entirely, ``eyas.spec.catch_up``). A skipped request 
 expectation comes from its budget alone, never from the drafts it holds, so a request skipped this
 step is offered its full limit again at the next; a pause counts down every step, drafted or not,
 and drafting resumes when it ends; a request the cost model rejects is retried as above. Where even
-the prior is not worth a row (c = 0.07: 15 or more decoding rows and nothing else in the forward),
-no request drafts until the batch changes: the cost model's answer, not starvation.
+the prior does not pay (decoding rows only, k = 1: from 15 requests with c = 0.07 and s = 0, from
+5 with s = 0.35), no request drafts until the batch changes: the cost model's answer, not
+starvation.
 """
 
 from __future__ import annotations
@@ -119,22 +125,26 @@ def _estimate(accepted: float, rejections: float) -> float:
 
 
 def allocate_drafts(offers: list[tuple[int, float, int]], num_rows: int, row_cost: float,
-                    max_drafts: int) -> list[int]:
+                    max_drafts: int, step_cost: float = 0.0) -> list[int]:
     """How many drafts each sampling request verifies this step (see the module docstring).
 
     ``offers[i]`` = (drafts request i may verify, its acceptance estimate, how many of them lead
     the chain forced by its grammar); ``num_rows``: the forward's rows without drafts;
-    ``max_drafts``: what the token budget leaves for drafts.
+    ``max_drafts``: what the token budget leaves for drafts; ``step_cost``: the drafter's work for
+    a step that verifies any.
     """
     gains = sorted(((acceptance ** max(0, j - certain), i) for i, (n, acceptance, certain) in enumerate(offers)
                     for j in range(1, n + 1)),
                    key=lambda gain: -gain[0])  # stable: a request's drafts stay in order
     counts = [0] * len(offers)
-    tokens, rows = float(len(offers)), num_rows
+    plain = float(len(offers))  # tokens of the step without drafts
+    tokens, rows = plain, num_rows
     for gain, i in gains[:max_drafts]:
-        if gain * (1 + row_cost * rows) < row_cost * tokens:
+        if gain * (1 + row_cost * rows + step_cost) < row_cost * tokens:
             break
         counts[i] += 1
         tokens += gain
         rows += 1
+    if tokens * (1 + row_cost * num_rows) < plain * (1 + row_cost * rows + step_cost):  # drafting does not pay
+        return [0] * len(offers)
     return counts

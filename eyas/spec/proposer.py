@@ -93,6 +93,13 @@ class Proposer(ABC):
         """k when the user gives none (a checkpoint may name it), from the raw speculative_config dict."""
         return None
 
+    def step_cost(self, device_type: str) -> float:
+        """What this proposer's work costs in a step in which some request drafts, as a fraction of a one-row target
+        forward, where it leaves out the rows told 0 (``ProposerInput.expected_drafts``): the cost model charges it
+        to the steps that verify drafts (``eyas.spec.adaptive``). 0: drafting is cheap, or it runs whatever it is
+        told. ``SpeculativeConfig.draft_step_cost`` overrides it."""
+        return 0.0
+
     def kv_cache_groups(self) -> list:
         """Extra KV-cache groups (eyas.kv.manager.KVCacheGroupSpec) this proposer's layers need."""
         return []
