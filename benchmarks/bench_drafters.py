@@ -8,7 +8,8 @@ many as given; an MTP folder holds only its layers), on held-out ShareGPT conver
   every draft verified), measured by the engine;
 * speed at the drafter's best k: tok/s with and without speculation at each batch size and
   thread count, the ratio, the same ratio in process CPU time (steadier than wall time on a shared
-  machine), the draft step's cost (time inside the proposer per step / k) and identical outputs.
+  machine), the draft step's cost (median time inside the proposer per step / k; steps whose
+  requests the drafter leaves out, when no draft would be verified, count too) and identical outputs.
 
 ``--random``: the old cost-only mode, random EAGLE-1 / EAGLE-3 / MTP drafters (they accept almost
 nothing): the cost of one draft step relative to one target decode step.
@@ -86,7 +87,7 @@ def _cpu_flags() -> str:
 
 
 def _timed(llm, timings: list[float]) -> None:
-    """Record the time inside the proposer of every step that drafted."""
+    """Record the time inside the proposer of every step with sampling requests."""
     proposer = llm.engine.runner.proposer
     original = proposer.propose
 
@@ -163,9 +164,9 @@ def trained(args) -> int:
                 decode = statistics.median(o.metrics.time_per_output_token for o in base)
                 draft = statistics.median(timings) / k if timings else float("nan")
                 same = sum(a.outputs[0].token_ids == c.outputs[0].token_ids for a, c in zip(base, outs))
+                length = f"{(accepted + steps) / steps:8.2f}" if steps else f"{'-':>8s}"  # no step verified drafts
                 print(f"{threads:7d} {b:3d} {base_tps:11.1f} {tps:10.1f} {tps / base_tps:7.2f}x {cpu / base_cpu:5.2f}x "
-                      f"{(accepted + steps) / max(steps, 1):8.2f} {draft * 1e3:7.2f} ms {draft / decode:7.2f}x "
-                      f"{same:4d}/{len(outs)}")
+                      f"{length} {draft * 1e3:7.2f} ms {draft / decode:7.2f}x {same:4d}/{len(outs)}")
     return 0
 
 
