@@ -36,7 +36,7 @@ two of blocks, and metadata built inside the step from device tensors; each (ste
 table width) is captured once (``eyas.runner.cuda_graphs``) and replayed. The draft prefill is
 graphed too when every query fits k+1 rows (decodes and verifications, no prompt chunk): the
 layout is then made uniform, request b's tokens moved to rows ``b * (k+1) ..``. Batches with
-prompt chunks take the flat eager prefill. On the CPU the decode steps run the same padded-row
+prompt chunks or catch-up rows take the flat eager prefill. On the CPU the decode steps run the same padded-row
 code eagerly without padding.
 
 Prefix caching shares the drafter's blocks with the target's. A drafter entry at position ``t``
