@@ -302,6 +302,9 @@ def test_draft_allocation_follows_the_documented_examples():
     assert allocate_drafts([(1, 0.36, 0)], num_rows=1, row_cost=0.07, max_drafts=64, step_cost=0.35) == [0]
     assert allocate_drafts([(1, 0.5, 0)] * 14, num_rows=14, row_cost=0.07, max_drafts=64, step_cost=0.35) == [0] * 14
     assert allocate_drafts([(1, 0.5, 0)] * 4, num_rows=4, row_cost=0.07, max_drafts=64, step_cost=0.35) == [1] * 4
+    # a draft forced by a grammar needs no drafter: at batch 16 it is verified, the drafter's 0.3 after it is not
+    assert allocate_drafts([(4, 0.3, 1)] + [(0, 0.5, 0)] * 15, num_rows=16, row_cost=0.07, max_drafts=64,
+                           step_cost=0.35) == [1] + [0] * 15
 
 
 def test_adaptive_drafting_backs_off_when_drafts_are_useless(spec_models, monkeypatch):

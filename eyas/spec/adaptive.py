@@ -24,20 +24,21 @@ verifying drifts back toward the prior. Draft j of a request with acceptance a i
 expected tokens.
 
 Per batch (``allocate_drafts``): a forward of n rows costs ``1 + c * n`` (c = the row cost,
-``SpeculativeConfig.draft_row_cost``), plus s when it verifies any draft (s = the drafter's step
-cost, ``SpeculativeConfig.draft_step_cost``: what a drafter that leaves out the requests told 0 spends
-on a step it drafts in; 0 for cheap proposers), and a step emits E tokens, one per sampling request
-plus the expected accepted drafts. A draft worth g tokens raises E / cost iff
-``g * (1 + c * n + s) >= c * E``; drafts are taken best first while that holds, and kept only if
-E / cost then beats the step without drafts. With c = s = 0 (CUDA, where a few more rows cost
-nothing) every offered draft is verified. Examples (c = 0.05, s = 0): one request with acceptance
-0.85 verifies all 8 drafts (the 8th is worth 0.27 >= 0.17), while 8 requests with acceptance 0.5
-verify one draft each (the first is worth 0.5 >= 0.29; then a second, worth 0.25, falls short of
-0.33). The CPU defaults are c = 0.07 and, for hidden-state drafters, s = 0.35. With them (k = 1)
-one request at acceptance 0.5 drafts (1.5 tokens for 1.49 beat 1 for 1.07), at 0.36 it does not
-(1.36 / 1.49 < 1 / 1.07); 14 requests at 0.5 would take a draft each, but 21 tokens for 3.31 fall
-short of 14 for 1.98, so none drafts. Leading drafts forced by the request's grammar
-(``eyas.sampling.grammar``) are certain, worth 1 each; the drafts after them are worth a, a^2, ...
+``SpeculativeConfig.draft_row_cost``), plus s when it verifies any draft the drafter made (s = the
+drafter's step cost, ``SpeculativeConfig.draft_step_cost``: what a drafter that leaves out the
+requests told 0 spends on a step it drafts in; 0 for cheap proposers), and a step emits E tokens,
+one per sampling request plus the expected accepted drafts. A draft worth g tokens raises
+E / cost iff ``g * (1 + c * n + s) >= c * E``; drafts are taken best first while that holds, and
+the drafter's drafts are kept only if E / cost then beats the step without them. With c = s = 0
+(CUDA, where a few more rows cost nothing) every offered draft is verified. Examples (c = 0.05,
+s = 0): one request with acceptance 0.85 verifies all 8 drafts (the 8th is worth 0.27 >= 0.17),
+while 8 requests with acceptance 0.5 verify one draft each (the first is worth 0.5 >= 0.29; then a
+second, worth 0.25, falls short of 0.33). The CPU defaults are c = 0.07 and, for hidden-state
+drafters, s = 0.35. With them (k = 1) one request at acceptance 0.5 drafts (1.5 tokens for 1.49
+beat 1 for 1.07), at 0.36 it does not (1.36 / 1.49 < 1 / 1.07); 14 requests at 0.5 would take a
+draft each, but 21 tokens for 3.31 fall short of 14 for 1.98, so none drafts. Leading drafts forced
+by the request's grammar (``eyas.sampling.grammar``) are certain, worth 1 each, and need no drafter
+(no s); the drafts after them are worth a, a^2, ...
 
 **Retrying.** A request the cost model gives no drafts verifies nothing, so its budget learns
 nothing; the fade lets its estimate drift toward the prior, and it is verified again as soon as its
@@ -130,21 +131,25 @@ def allocate_drafts(offers: list[tuple[int, float, int]], num_rows: int, row_cos
 
     ``offers[i]`` = (drafts request i may verify, its acceptance estimate, how many of them lead
     the chain forced by its grammar); ``num_rows``: the forward's rows without drafts;
-    ``max_drafts``: what the token budget leaves for drafts; ``step_cost``: the drafter's work for
-    a step that verifies any.
+    ``max_drafts``: what the token budget leaves for drafts; ``step_cost``: the drafter's work, paid
+    by a step that verifies any draft it made (forced drafts need none).
     """
-    gains = sorted(((acceptance ** max(0, j - certain), i) for i, (n, acceptance, certain) in enumerate(offers)
-                    for j in range(1, n + 1)),
-                   key=lambda gain: -gain[0])  # stable: a request's drafts stay in order
+    gains = sorted(((acceptance ** max(0, j - certain), j <= certain, i)
+                    for i, (n, acceptance, certain) in enumerate(offers) for j in range(1, n + 1)),
+                   key=lambda gain: -gain[0])  # stable: a request's drafts stay in order; forced ones (1) first
     counts = [0] * len(offers)
-    plain = float(len(offers))  # tokens of the step without drafts
-    tokens, rows = plain, num_rows
-    for gain, i in gains[:max_drafts]:
-        if gain * (1 + row_cost * rows + step_cost) < row_cost * tokens:
+    tokens, rows = float(len(offers)), num_rows
+    forced_only = None  # (counts, tokens, rows) before the first draft the drafter made
+    for gain, certain, i in gains[:max_drafts]:
+        if not certain and forced_only is None:
+            forced_only = (list(counts), tokens, rows)
+        if gain * (1 + row_cost * rows + (0.0 if forced_only is None else step_cost)) < row_cost * tokens:
             break
         counts[i] += 1
         tokens += gain
         rows += 1
-    if tokens * (1 + row_cost * num_rows) < plain * (1 + row_cost * rows + step_cost):  # drafting does not pay
-        return [0] * len(offers)
+    if forced_only is not None:  # the drafter's drafts must also beat the step without them
+        base_counts, base_tokens, base_rows = forced_only
+        if tokens * (1 + row_cost * base_rows) < base_tokens * (1 + row_cost * rows + step_cost):
+            return base_counts
     return counts
