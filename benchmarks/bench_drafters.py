@@ -7,8 +7,9 @@ many as given; an MTP folder holds only its layers), on held-out ShareGPT conver
 * acceptance: mean acceptance length and per-position acceptance at k = 1..6 (chain drafting,
   every draft verified), measured by the engine;
 * speed at the drafter's best k: tok/s with and without speculation at each batch size and
-  thread count, the ratio, the draft step's cost (time inside the proposer per step / k) and
-  identical outputs.
+  thread count, the ratio, the same ratio in process CPU time (steadier than wall time on a shared
+  machine), the draft step's cost (median time inside the proposer per step / k; steps whose
+  requests the drafter leaves out, when no draft would be verified, count too) and identical outputs.
 
 ``--random``: the old cost-only mode, random EAGLE-1 / EAGLE-3 / MTP drafters (they accept almost
 nothing): the cost of one draft step relative to one target decode step.
@@ -86,7 +87,7 @@ def _cpu_flags() -> str:
 
 
 def _timed(llm, timings: list[float]) -> None:
-    """Record the time inside the proposer of every step that drafted."""
+    """Record the time inside the proposer of every step with sampling requests."""
     proposer = llm.engine.runner.proposer
     original = proposer.propose
 
@@ -100,14 +101,31 @@ def _timed(llm, timings: list[float]) -> None:
     proposer.propose = timed
 
 
-def _generate(llm, prompts, params, batch: int) -> tuple[float, list]:
-    """tok/s of the prompts at this batch size (batch 1: one request at a time), and the outputs."""
-    outs, seconds = [], 0.0
+def _generate(llm, prompts, params, batch: int) -> tuple[float, float, list]:
+    """tok/s of the prompts at this batch size (batch 1: one request at a time) in wall time and in process CPU
+    time, and the outputs."""
+    outs, seconds, cpu = [], 0.0, 0.0
     for i in range(0, len(prompts), batch):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         outs += llm.generate(prompts[i:i + batch], params, use_tqdm=False)
         seconds += time.perf_counter() - start
-    return sum(len(o.outputs[0].token_ids) for o in outs) / seconds, outs
+        cpu += time.process_time() - start_cpu
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return tokens / seconds, tokens / cpu, outs
+
+
+def _acceptance(args, common: dict, prompts, params, method: str, folder: str) -> None:
+    """The acceptance table: k = 1..6, every draft verified."""
+    print(f"acceptance (batch {args.accept_batch}, {max(args.threads)} threads):")
+    print(f"{'k':>2s} {'acc len':>8s}  per-position acceptance")
+    for k in range(1, 7):
+        llm = LLM(args.model, **common, speculative_config={"method": method, "model": folder, "num_speculative_tokens": k,
+                                                            "adaptive_draft_length": False})
+        _generate(llm, prompts, params, args.accept_batch)
+        stats = llm.stats()
+        print(f"{k:2d} {stats['mean_acceptance_length']:8.3f}  "
+              + " ".join(f"{a:.3f}" for a in stats["per_position_acceptance"][:k]))
+        del llm
 
 
 def trained(args) -> int:
@@ -122,21 +140,13 @@ def trained(args) -> int:
     print(f"{len(prompts)} held-out prompts (conversations {HELD_OUT_START}+), {args.max_tokens} new tokens, greedy")
     torch.set_num_threads(max(args.threads))
     for method, folder in drafters:
-        print(f"\n== {method}: {folder}\nacceptance (batch {args.accept_batch}, {max(args.threads)} threads):")
-        print(f"{'k':>2s} {'acc len':>8s}  per-position acceptance")
-        for k in range(1, 7):
-            llm = LLM(args.model, **common, speculative_config={"method": method, "model": folder,
-                                                                "num_speculative_tokens": k,
-                                                                "adaptive_draft_length": False})
-            _generate(llm, prompts, params, args.accept_batch)
-            stats = llm.stats()
-            print(f"{k:2d} {stats['mean_acceptance_length']:8.3f}  "
-                  + " ".join(f"{a:.3f}" for a in stats["per_position_acceptance"][:k]))
-            del llm
+        print(f"\n== {method}: {folder}")
+        if args.acceptance:
+            _acceptance(args, common, prompts, params, method, folder)
         k = args.k or (json.loads((Path(folder) / "config.json").read_text()).get("num_speculative_tokens") or 4)
         print(f"speed at k = {k} ({'given' if args.k else 'the folder default'}):")
-        print(f"{'threads':>7s} {'B':>3s} {'plain tok/s':>11s} {'spec tok/s':>10s} {'speedup':>8s} {'acc len':>8s} "
-              f"{'draft step':>10s} {'/ decode':>8s} {'identical':>9s}")
+        print(f"{'threads':>7s} {'B':>3s} {'plain tok/s':>11s} {'spec tok/s':>10s} {'speedup':>8s} {'cpu':>6s} "
+              f"{'acc len':>8s} {'draft step':>10s} {'/ decode':>8s} {'identical':>9s}")
         for threads in args.threads:
             torch.set_num_threads(threads)
             spec = LLM(args.model, **common, speculative_config={"method": method, "model": folder,
@@ -144,19 +154,19 @@ def trained(args) -> int:
             timings: list[float] = []
             _timed(spec, timings)
             for b in args.batch_sizes:
-                base_tps, base = _generate(plain, prompts, params, b)
+                base_tps, base_cpu, base = _generate(plain, prompts, params, b)
                 timings.clear()
                 before = spec.stats()
-                tps, outs = _generate(spec, prompts, params, b)
+                tps, cpu, outs = _generate(spec, prompts, params, b)
                 after = spec.stats()
                 steps = after["num_steps"] - before["num_steps"]
                 accepted = after["num_accepted"] - before["num_accepted"]
                 decode = statistics.median(o.metrics.time_per_output_token for o in base)
                 draft = statistics.median(timings) / k if timings else float("nan")
                 same = sum(a.outputs[0].token_ids == c.outputs[0].token_ids for a, c in zip(base, outs))
-                print(f"{threads:7d} {b:3d} {base_tps:11.1f} {tps:10.1f} {tps / base_tps:7.2f}x "
-                      f"{(accepted + steps) / max(steps, 1):8.2f} {draft * 1e3:7.2f} ms {draft / decode:7.2f}x "
-                      f"{same:4d}/{len(outs)}")
+                length = f"{(accepted + steps) / steps:8.2f}" if steps else f"{'-':>8s}"  # no step verified drafts
+                print(f"{threads:7d} {b:3d} {base_tps:11.1f} {tps:10.1f} {tps / base_tps:7.2f}x {cpu / base_cpu:5.2f}x "
+                      f"{length} {draft * 1e3:7.2f} ms {draft / decode:7.2f}x {same:4d}/{len(outs)}")
     return 0
 
 
@@ -169,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-sizes", type=batch_sizes, default="1,16")
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--accept-batch", type=int, default=16, help="batch size of the acceptance runs")
+    p.add_argument("--no-acceptance", dest="acceptance", action="store_false", help="speed runs only")
     p.add_argument("--k", type=int, default=None, help="draft length for the speed runs (default: the folder's)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--export", default=None,

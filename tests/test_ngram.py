@@ -91,6 +91,7 @@ def _input(token_ids: list[list[int]], emitted: list[list[int]], num_emitted: li
         block_tables=[[[0]] for _ in range(R)],
         next_token_ids=[-1] * R,
         num_drafts=[0] * R,
+        expected_drafts=[k] * R,
         seeds=torch.zeros(R, dtype=torch.int64),
         sampling_params=[None] * R,
     )

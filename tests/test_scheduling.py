@@ -102,3 +102,46 @@ def test_stop_conditions_and_outputs(tiny_models):
     assert all(max(lp.values()) == lp[t] for t, lp in zip(c.token_ids, c.logprobs))  # greedy = top-1
     m = out.metrics
     assert m.time_to_first_token > 0 and m.time_per_output_token > 0
+
+
+def test_expected_drafts_equal_what_the_next_step_verifies():
+    """The plan's peek (``expected_drafts``) is what the next step allocates when this step's verification
+    teaches nothing: 16 requests at batch 16 beside a prompt that finishes next step, with budgets that
+    verify several drafts, one, none (low estimate), none (paused), a request out of max_tokens room and one
+    that opted out of speculation; the drafter's step cost is paid. The peek changes no budget."""
+    import copy
+
+    from eyas.config import SchedulerConfig
+    from eyas.engine.request import Request
+    from eyas.engine.scheduler import Scheduler
+    from eyas.kv.manager import KVCacheGroupSpec, KVCacheManager
+    from eyas.runner.model_runner import RunnerOutput
+    from eyas.spec.adaptive import DraftBudget
+    from eyas.spec.config import SpeculativeConfig
+
+    k = 4
+    kv = KVCacheManager([KVCacheGroupSpec("target", ("layers",), 1)], 512, 16, enable_prefix_caching=False)
+    scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=256, max_model_len=1024), kv,
+                          SpeculativeConfig(method="ngram", num_speculative_tokens=k), draft_row_cost=0.07,
+                          draft_step_cost=0.35)
+    evidence = [(30.0, 0.5), (6.0, 1.0), (2.0, 2.0), (1.0, 4.0)]  # accepted, rejections: 0.96 .. 0.29
+    for i in range(16):
+        params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=2 if i == 4 else 64, speculate=i != 5)
+        scheduler.add(Request(f"r{i}", [7] * 10, 10, params, seed=i, eos_token_ids=frozenset(), max_total_tokens=1024))
+        accepted, rejections = evidence[i % 4]
+        scheduler.budgets[f"r{i}"] = DraftBudget(k, k, pause=2 if i == 6 else 0, accepted=accepted, rejections=rejections)
+    scheduler.add(Request("long", [7] * 150, 150, SamplingParams(temperature=0), seed=0, eos_token_ids=frozenset(),
+                          max_total_tokens=1024))
+    budgets = copy.deepcopy(scheduler.budgets)
+    plan = scheduler.schedule()  # 16 prompts of 10 tokens sample; 96 tokens of the long prompt do not
+    assert scheduler.budgets == budgets
+    expected = plan.expected_drafts
+    assert set(expected) == {f"r{i}" for i in range(16)}
+    sampled = {e.request.request_id: [8] for e in plan.scheduled if e.samples}
+    scheduler.commit(plan, RunnerOutput(sampled, dict.fromkeys(sampled, 0), {}, {i: [9] * k for i in sampled},
+                                        {i: [False] * k for i in sampled}))
+    verified = {e.request.request_id: len(e.draft_token_ids) for e in scheduler.schedule().scheduled
+                if e.request.request_id in expected}
+    assert verified == expected
+    assert expected["r0"] > 1 and expected["r3"] == 0  # a good estimate drafts, a poor one does not
+    assert expected["r4"] == 0 and expected["r5"] == 0 and expected["r6"] == 0  # no room, opted out, paused

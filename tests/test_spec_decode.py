@@ -200,6 +200,7 @@ def test_metrics_are_exact_on_a_constructed_case(spec_models, monkeypatch):
     ({"method": "ngram", "num_speculative_tokens": 2, "colour": 1}, r"unknown key\(s\) \['colour'\]"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 5, "prompt_lookup_max": 2},
      "prompt_lookup_min/max"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "draft_step_cost": -1}, "draft_step_cost: -1 must be a number >= 0"),
     ({"method": "draft_model", "num_speculative_tokens": 2}, "needs exactly one of 'model'"),
     ({"method": "draft_model", "num_speculative_tokens": 2, "draft_num_layers": 9}, "draft_num_layers: 9 must be below"),
 ])
@@ -242,8 +243,43 @@ def test_acceptance_estimate_is_decayed_accepted_over_accepted_plus_rejections()
     assert b.acceptance() == pytest.approx((8 + 1) / (8 + 2))
     b.update(4, 1)  # 1 accepted, then a rejection; the first verification weighs 0.9
     assert b.acceptance() == pytest.approx((0.9 * 8 + 1 + 1) / (0.9 * 8 + 1 + 1 + 2))
-    b.update(0, 0)  # nothing verified: no evidence
-    assert b.acceptance() == pytest.approx((0.9 * 8 + 1 + 1) / (0.9 * 8 + 1 + 1 + 2))
+    b.update(0, 0)  # nothing verified: no new evidence, the old fades toward the prior
+    accepted, rejections = 0.9 * (0.9 * 8 + 1), 0.9 * 1
+    assert b.acceptance() == pytest.approx((accepted + 1) / (accepted + rejections + 2))
+
+
+def test_budget_peek_is_the_next_take_and_estimate_without_side_effects():
+    import copy
+
+    from eyas.spec.adaptive import DraftBudget
+
+    b = DraftBudget.start(4)
+    peeked = []
+    for accepted in [1, 0, 0, 0, 0, 0, 0, 1]:
+        drafted = b.take()  # this step's schedule
+        before = copy.deepcopy(b)
+        peeked.append(b.peek())
+        assert b == before  # nothing changed
+        quiet = copy.deepcopy(b)
+        quiet.update(0, 0)  # had this step verified nothing, the next step would see:
+        assert peeked[-1] == (quiet.take(), quiet.acceptance())
+        b.update(drafted, min(drafted, accepted))
+    # misses at steps 1 and 3 pause the request for 1, then 3 steps: the peek says 0 until the pause ends
+    assert [n for n, _ in peeked] == [4, 3, 2, 2, 0, 0, 1, 1]
+
+
+def test_a_request_the_cost_model_skips_is_retried_as_its_evidence_fades():
+    """The documented example: at 8 decoding rows (c = 0.07) a request at 0.29 gets no draft; after 10 steps
+    without drafts its estimate is back at 0.36 and its first draft is verified again."""
+    from eyas.spec.adaptive import DraftBudget, allocate_drafts
+
+    b = DraftBudget(k=4, limit=4, accepted=1.0, rejections=4.0)
+    others = [(4, 0.2, 0)] * 7
+    waited = 0
+    while allocate_drafts([(b.peek()[0], b.peek()[1], 0)] + others, 8, 0.07, 64)[0] == 0:
+        b.update(0, 0)
+        waited += 1
+    assert waited == 9 and b.peek()[1] == pytest.approx(0.36, abs=0.005)
 
 
 def test_draft_allocation_follows_the_documented_examples():
@@ -261,6 +297,14 @@ def test_draft_allocation_follows_the_documented_examples():
     # drafts forced by a grammar are certain: 8 requests at 0.5 verify their 3 forced drafts (where they would
     # verify 1 without); then the 4th, worth 0.5, no longer covers its row (0.5 * (1 + 0.05 * 32) < 0.05 * 32)
     assert allocate_drafts([(8, 0.5, 3)] * 8, num_rows=8, row_cost=0.05, max_drafts=64) == [3] * 8
+    # a drafter whose step costs s = 0.35 of a one-row forward: drafts must pay for it too (k = 1)
+    assert allocate_drafts([(1, 0.5, 0)], num_rows=1, row_cost=0.07, max_drafts=64, step_cost=0.35) == [1]
+    assert allocate_drafts([(1, 0.36, 0)], num_rows=1, row_cost=0.07, max_drafts=64, step_cost=0.35) == [0]
+    assert allocate_drafts([(1, 0.5, 0)] * 14, num_rows=14, row_cost=0.07, max_drafts=64, step_cost=0.35) == [0] * 14
+    assert allocate_drafts([(1, 0.5, 0)] * 4, num_rows=4, row_cost=0.07, max_drafts=64, step_cost=0.35) == [1] * 4
+    # a draft forced by a grammar needs no drafter: at batch 16 it is verified, the drafter's 0.3 after it is not
+    assert allocate_drafts([(4, 0.3, 1)] + [(0, 0.5, 0)] * 15, num_rows=16, row_cost=0.07, max_drafts=64,
+                           step_cost=0.35) == [1] + [0] * 15
 
 
 def test_adaptive_drafting_backs_off_when_drafts_are_useless(spec_models, monkeypatch):

@@ -28,7 +28,8 @@ def _llm(drafters, case, spec_over=None, **over):
     method, key = CASES[case]
     folder = drafters.folders[key]
     target = folder if method == "mtp" else str(drafters.target)
-    spec = {"method": method, "num_speculative_tokens": K, **(spec_over or {})}
+    # these tests check what is drafted, not whether a drafter's step pays (eyas.spec.adaptive): free steps
+    spec = {"method": method, "num_speculative_tokens": K, "draft_step_cost": 0.0, **(spec_over or {})}
     if method != "mtp":
         spec["model"] = folder
     kw = dict(dtype="float32", max_model_len=256, kv_cache_gb=0.05, speculative_config=spec)
@@ -75,29 +76,34 @@ def test_speculators_folder_gives_the_default_k(drafters):
     assert llm.engine.config.speculative.num_speculative_tokens == K
 
 
-@pytest.mark.parametrize("case", ["eagle", "eagle3", "mtp_1", "mtp_2"])
-def test_engine_drafts_equal_one_request_reference(drafters, case):
-    """Every step's drafts of a batched run equal the dense reference's chain over that request alone.
-
-    mtp_2: two MTP layers of distinct weights, step j on layer j % 2, positions held (its window of 64
-    is longer than these sequences; the SDPA tests check windows that bite)."""
-    method, key = CASES[case]
-    llm = _llm(drafters, case, max_num_batched_tokens=32)  # chunked prefill too
+def _record_drafts(llm) -> dict:
+    """Wrap the proposer: ``records`` gets (tokens, drafts) of every row it drafts, ``caught_up`` those of rows
+    that skipped steps before (``eyas.spec.catch_up``), ``skipped`` counts the rows it left out."""
     proposer = llm.engine.runner.proposer
-    records = []
+    seen = {"records": [], "caught_up": [], "skipped": 0}
     original = proposer.propose
 
     def recording(inp):
+        gaps = dict(proposer.catch_up.gaps) if proposer.catch_up else {}
         out = original(inp)
         for r in range(len(inp.sample_rows)):
+            if int(out.num_drafts[r]) == 0:
+                seen["skipped"] += 1
+                continue
             emitted = inp.emitted[r, :int(inp.num_emitted[r])].tolist()
-            records.append((inp.token_ids[r] + emitted, out.draft_token_ids[r].tolist()))
+            record = (inp.token_ids[r] + emitted, out.draft_token_ids[r].tolist())
+            seen["records"].append(record)
+            if inp.request_ids[r] in gaps:
+                seen["caught_up"].append(record)
         return out
 
     proposer.propose = recording
-    prompts = _prompts(3, seed=3)
-    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), use_tqdm=False)
-    assert len(records) >= 3 * 5
+    return seen
+
+
+def _assert_reference_drafts(drafters, case, records) -> None:
+    """Each recorded row's drafts equal the dense reference's chain over that request alone."""
+    method, key = CASES[case]
     hf = transformers.AutoModelForCausalLM.from_pretrained(drafters.target, dtype=torch.float64).eval()
     emb, head = hf.model.embed_tokens.weight.detach(), hf.lm_head.weight.detach()
     folder = Path(drafters.folders[key])
@@ -109,6 +115,93 @@ def test_engine_drafts_equal_one_request_reference(drafters, case):
         hidden = torch.cat([states[i][0] for i in (0, 1, 2)], -1) if method == "eagle3" else states[-1][0]
         want, _ = ref.greedy_chain(reference, tokens, hidden, K)
         assert drafts == want
+
+
+@pytest.mark.parametrize("case", ["eagle", "eagle3", "mtp_1", "mtp_2"])
+def test_engine_drafts_equal_one_request_reference(drafters, case):
+    """Every step's drafts of a batched run equal the dense reference's chain over that request alone, the
+    drafts of requests that skipped steps while the adaptive policy paused them (caught up) included.
+
+    mtp_2: two MTP layers of distinct weights, step j on layer j % 2, positions held (its window of 64
+    is longer than these sequences; the SDPA tests check windows that bite)."""
+    llm = _llm(drafters, case, max_num_batched_tokens=32)  # chunked prefill too
+    seen = _record_drafts(llm)
+    llm.generate(_prompts(3, seed=3), SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    assert len(seen["records"]) >= 3 * 5 and seen["caught_up"]
+    _assert_reference_drafts(drafters, case, seen["records"])
+
+
+def _skip_every_third_step(llm) -> None:
+    """Make the scheduler tell each request 0 at one step in three (offset per request), whatever the cost model says."""
+    scheduler = llm.engine.scheduler
+    original, steps = scheduler._expected_drafts, iter(range(10**6))
+
+    def forced(scheduled):
+        step = next(steps)
+        return {i: 0 if (step + sum(map(ord, i))) % 3 == 0 else n for i, n in original(scheduled).items()}
+
+    scheduler._expected_drafts = forced
+
+
+@pytest.mark.parametrize("case", ["eagle3", "mtp_1", "mtp_2_sliding_full"])
+def test_requests_draft_again_after_skipped_steps_batch_1_and_8_with_preemption(drafters, case):
+    """Requests told 0 skip the drafter, then draft again; greedy output equals plain output, and a caught-up
+    request drafts what a drafter that never skips drafts at the same history (mtp_2_sliding_full: a window
+    of 8 that bites), through preemptions and chunked prefill too."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = LLM(str(drafters.target), dtype="float32", max_model_len=256, kv_cache_gb=0.05)
+    prompts = _prompts(8)
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
+    never = _llm(drafters, case, spec_over={"adaptive_draft_length": False})  # told k always
+    unskipped = _record_drafts(never)
+    never.generate(prompts, params, use_tqdm=False)
+    assert unskipped["skipped"] == 0
+    oracle = {tuple(tokens): drafts for tokens, drafts in unskipped["records"]}
+    alone = _llm(drafters, case, spec_over={"draft_row_cost": 0.0})  # only the forced skips and pauses
+    tight = _llm(drafters, case, spec_over={"draft_row_cost": 0.0}, num_kv_blocks=24, max_num_batched_tokens=32)
+    for llm in (alone, tight):
+        _skip_every_third_step(llm)
+        seen = _record_drafts(llm)
+        if llm is alone:
+            assert [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts[:2]] == want[:2]
+        else:
+            outs, preemptions = run_counting_preemptions(llm, prompts, params)
+            assert [o.outputs[0].token_ids for o in outs] == want and preemptions > 0
+        assert seen["skipped"] > 0
+        compared = [(drafts, oracle[tuple(tokens)]) for tokens, drafts in seen["caught_up"] if tuple(tokens) in oracle]
+        assert len(compared) >= 3 and all(got == expected for got, expected in compared)
+
+
+def test_a_drafter_the_cost_model_rejects_at_batch_16_never_runs_its_head(drafters):
+    """At batch 16 with the CPU costs (rows 0.07, the drafter's step 0.35), drafts at the prior acceptance do not
+    pay: the scheduler tells every request 0 and the EAGLE-3 drafter skips its prefill, head and decode steps;
+    output equals plain greedy. Alone, it drafts."""
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    prompts = _prompts(8) + _prompts(8, seed=1)
+    plain = LLM(str(drafters.target), dtype="float32", max_model_len=256, kv_cache_gb=0.05)
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
+    llm = _llm(drafters, "eagle3", spec_over={"draft_step_cost": None})
+    proposer = llm.engine.runner.proposer
+    calls = {"propose": 0, "prefill": 0, "head": 0, "decode": 0}
+
+    def count(obj, name, label):
+        original = getattr(obj, name)
+
+        def counting(*args):
+            calls[label] += 1
+            return original(*args)
+
+        setattr(obj, name, counting)
+
+    count(proposer, "propose", "propose")
+    count(proposer, "_prefill", "prefill")
+    count(proposer.drafter, "compute_logits", "head")
+    count(proposer, "_decode_step", "decode")
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert calls == {"propose": 16, "prefill": 0, "head": 0, "decode": 0}  # one call a step, nothing run
+    llm.generate(prompts[:1], params, use_tqdm=False)
+    assert calls["head"] > 0 and calls["decode"] > 0
 
 
 def test_speculators_folder_as_the_model_names_target_and_k(drafters):

@@ -108,7 +108,8 @@ def _step(proposer, rows: dict[str, tuple[list[int], list[int]]], speculate=True
         num_emitted=torch.tensor([len(rows[i][1]) for i in ids]), num_speculative_tokens=proposer.k,
         input_ids=torch.zeros(0), positions=torch.zeros(0), query_start_loc=torch.zeros(1), seq_lens=torch.zeros(0),
         sample_rows=list(range(len(ids))), hidden_states=None, aux_hidden_states=None, block_tables=[],
-        next_token_ids=[], num_drafts=[0] * len(ids), seeds=torch.zeros(len(ids), dtype=torch.int64),
+        next_token_ids=[], num_drafts=[0] * len(ids), expected_drafts=[proposer.k] * len(ids),
+        seeds=torch.zeros(len(ids), dtype=torch.int64),
         sampling_params=[SamplingParams(speculate=speculate)] * len(ids)))
     counts = out.num_drafts.tolist()
     return {i: out.draft_token_ids[r, :counts[r]].tolist() for r, i in enumerate(ids)}

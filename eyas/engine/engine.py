@@ -43,7 +43,9 @@ class Engine:
         self.runner.allocate_kv_cache(num_blocks)
         self.kv = KVCacheManager(groups, num_blocks, block_size, config.cache.enable_prefix_caching)
         spec = config.speculative
-        self.scheduler = Scheduler(config.scheduler, self.kv, spec, spec.row_cost(config.device.type) if spec else 0.0)
+        device = config.device.type
+        self.scheduler = Scheduler(config.scheduler, self.kv, spec, spec.row_cost(device) if spec else 0.0,
+                                   spec.step_cost(device, self.runner.proposer) if spec else 0.0)
         self.outputs = OutputProcessor(tokenizer)
         # structured output: the grammar ends with the model's end-of-sequence tokens (else the tokenizer's)
         self.grammars = GrammarCompiler(tokenizer.backend.to_str(), config.model.vocab_size,

@@ -5,7 +5,9 @@ worth verifying (``eyas.spec.adaptive``), then waiting requests, whose prompts a
 chunks that fit what is left. A request samples only in the step whose chunk reaches its
 last known token. When blocks run out, the most recently admitted running request is
 preempted: its blocks are freed and it goes back to the front of the queue to be
-recomputed later (prompt and outputs so far), so outputs are unchanged.
+recomputed later (prompt and outputs so far), so outputs are unchanged. The plan also says
+how many drafts each sampling request is expected to verify next step, so the proposer can
+skip drafting the ones whose drafts would be dropped.
 
 The scheduler alone mutates requests and, through the KV-cache manager, block tables.
 """
@@ -44,15 +46,18 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest]
     num_tokens: int
     preempted: list[str]
+    # sampling request id -> drafts the next step would verify for it (``Scheduler._expected_drafts``)
+    expected_drafts: dict[str, int]
 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, speculative: "SpeculativeConfig | None" = None,
-                 draft_row_cost: float = 0.0):
+                 draft_row_cost: float = 0.0, draft_step_cost: float = 0.0):
         self.config = config
         self.kv = kv
         self.speculative = speculative
         self.draft_row_cost = draft_row_cost  # one more row of a forward, relative to a one-row forward
+        self.draft_step_cost = draft_step_cost  # the drafter's work in a step that verifies drafts, likewise
         self.num_lookahead_tokens = speculative.num_speculative_tokens if speculative else 0
         self.budgets: dict[str, DraftBudget] = {}  # request id -> adaptive draft length
         self.waiting: deque[Request] = deque()
@@ -119,7 +124,7 @@ class Scheduler:
             scheduled.append(self._entry(request, num_new, [], []))
             budget -= num_new
         num_tokens = sum(s.num_new_tokens + len(s.draft_token_ids) for s in scheduled)
-        return SchedulerOutput(scheduled, num_tokens, preempted)
+        return SchedulerOutput(scheduled, num_tokens, preempted, self._expected_drafts(scheduled))
 
     def _plan_drafts(self, budget: int) -> dict[str, tuple[list[int], list[bool]]]:
         """The drafts each decoding request verifies this step (and their forced flags): those its adaptive
@@ -127,30 +132,74 @@ class Scheduler:
         (``allocate_drafts``), within the token budget that every running request's committed tokens leave."""
         if self.speculative is None:
             return {}
-        offered: dict[str, tuple[list[int], list[bool]]] = {}
-        num_rows = 0
+        sampling, num_rows, budget = self._rows(lambda r: r.num_tokens - r.num_computed_tokens, budget)
+        offered = {request.request_id: self._usable_drafts(request) for request in sampling}
+        if self.speculative.adaptive_draft_length:
+            offers = [(len(d), self.budgets[i].acceptance(), _leading(f)) for i, (d, f) in offered.items()]
+            counts = allocate_drafts(offers, num_rows, self.draft_row_cost, budget, self.draft_step_cost)
+        else:  # every draft, first come first served within the budget
+            counts = allocate_drafts([(len(d), 1.0, 0) for d, _ in offered.values()], num_rows, 0.0, budget)
+        return {i: (d[:n], f[:n]) for (i, (d, f)), n in zip(offered.items(), counts)}
+
+    def _rows(self, left, budget: int) -> tuple[list[Request], int, int]:
+        """Walk the running requests as a step does, ``left(request)`` tokens still to compute each: (those that
+        would sample, the rows without drafts, the token budget left for drafts)."""
+        sampling, num_rows = [], 0
         for request in self.running:
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            to_compute = left(request)
+            num_new = min(to_compute, budget)
             if num_new <= 0:
                 continue
             budget -= num_new
             num_rows += num_new
-            if num_new == request.num_tokens - request.num_computed_tokens:  # it samples this step
-                offered[request.request_id] = self._usable_drafts(request)
-        if self.speculative.adaptive_draft_length:
-            offers = [(len(d), self.budgets[i].acceptance(), _leading(f)) for i, (d, f) in offered.items()]
-            counts = allocate_drafts(offers, num_rows, self.draft_row_cost, budget)
-        else:  # every draft, first come first served within the budget
-            counts = allocate_drafts([(len(d), 1.0, 0) for d, _ in offered.values()], num_rows, 0.0, budget)
-        return {i: (d[:n], f[:n]) for (i, (d, f)), n in zip(offered.items(), counts)}
+            if num_new == to_compute:
+                sampling.append(request)
+        return sampling, num_rows, budget
+
+    def _expected_drafts(self, scheduled: list[ScheduledRequest]) -> dict[str, int]:
+        """Per request sampling this step: the drafts the next step's ``_plan_drafts`` would verify for it, if
+        its proposer offered every draft it may and this step's verification taught the budgets nothing.
+
+        A pure peek (``DraftBudget.peek``, then ``allocate_drafts`` over the rows the next step will have: one
+        per request sampling now, the rest of each unfinished prompt); what the next step really verifies can
+        differ only through this step's acceptance, stops and admissions. Without adaptive drafting: k.
+        """
+        if self.speculative is None:
+            return {}
+        now = {entry.request.request_id: entry for entry in scheduled}
+        drafting = {i for i, entry in now.items() if entry.samples}
+        if not self.speculative.adaptive_draft_length:
+            return dict.fromkeys(drafting, self.num_lookahead_tokens)
+
+        def left(request: Request) -> int:  # tokens to compute next step
+            entry = now.get(request.request_id)
+            if entry is None:
+                return request.num_tokens - request.num_computed_tokens
+            return 1 if entry.samples else request.num_tokens - entry.start - entry.num_new_tokens
+
+        sampling, num_rows, budget = self._rows(left, self.config.max_num_batched_tokens)
+        offers = {}  # request id -> (drafts it may offer, acceptance, forced drafts: unknown yet)
+        for request in sampling:  # a request whose prompt ends next step holds no drafts: it offers none
+            fresh = DraftBudget.start(self.num_lookahead_tokens)
+            limit, acceptance = self.budgets.get(request.request_id, fresh).peek()
+            room = min(limit, self._room(request, 1)) if request.request_id in drafting and request.params.speculate else 0
+            offers[request.request_id] = (max(0, room), acceptance, 0)
+        counts = allocate_drafts(list(offers.values()), num_rows, self.draft_row_cost, budget, self.draft_step_cost)
+        allocated = dict(zip(offers, counts))
+        return {i: allocated.get(i, 0) for i in drafting}
+
+    @staticmethod
+    def _room(request: Request, new_tokens: int) -> int:
+        """Drafts that fit max_model_len and max_tokens once the request holds ``new_tokens`` more tokens."""
+        return min(request.max_total_tokens - request.num_tokens - new_tokens - 1,
+                   request.max_output_tokens - request.num_output_tokens - new_tokens - 1)
 
     def _usable_drafts(self, request: Request) -> tuple[list[int], list[bool]]:
         """The pending drafts that fit the adaptive limit (which leading forced drafts pass: they are always
         accepted), max_model_len and max_tokens."""
         drafts = self.drafts.pop(request.request_id, [])
         forced = self.forced.pop(request.request_id, [False] * len(drafts))
-        room = min(request.max_total_tokens - request.num_tokens - 1,
-                   request.max_output_tokens - request.num_output_tokens - 1)
+        room = self._room(request, 0)
         if self.speculative.adaptive_draft_length:
             k = self.speculative.num_speculative_tokens
             limit = self.budgets.setdefault(request.request_id, DraftBudget.start(k)).take()

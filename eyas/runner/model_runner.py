@@ -237,6 +237,7 @@ class ModelRunner:
             block_tables=[e.block_tables for e in plan.scheduled],
             next_token_ids=[-1 if e.samples else e.request.token_ids[e.start + e.num_new_tokens] for e in plan.scheduled],
             num_drafts=[len(e.draft_token_ids) for e in entries],
+            expected_drafts=[plan.expected_drafts[e.request.request_id] for e in entries],
             seeds=torch.tensor([e.request.seed for e in entries], dtype=torch.int64, device=self.device),
             sampling_params=[e.request.params for e in entries],
             grammars=[e.request.grammar for e in entries],

@@ -42,6 +42,11 @@ class SpeculativeConfig:
     # rows the weights' bytes, not the arithmetic, set the time), and 0 on CUDA, where a few more
     # rows cost next to nothing (every draft is verified)
     draft_row_cost: float | None = None
+    # what drafting costs in a step in which some request drafts, as a fraction of a one-row forward, for a
+    # proposer that leaves out the requests the scheduler expects to verify no drafts of (spec/adaptive.py):
+    # drafts are verified only where they pay for it too. None = the proposer's figure for the device
+    # (``Proposer.step_cost``: 0.35 for hidden-state drafters on a CPU; 0 on CUDA and for n-gram and suffix)
+    draft_step_cost: float | None = None
     prompt_lookup_min: int = 2  # n-gram
     prompt_lookup_max: int = 4
     model: str | None = None  # draft model (HF folder or .gguf)
@@ -60,6 +65,9 @@ class SpeculativeConfig:
         if self.draft_row_cost is not None:
             return self.draft_row_cost
         return 0.07 if device_type == "cpu" else 0.0
+
+    def step_cost(self, device_type: str, proposer) -> float:
+        return self.draft_step_cost if self.draft_step_cost is not None else proposer.step_cost(device_type)
 
     @classmethod
     def from_dict(cls, config: dict | "SpeculativeConfig") -> "SpeculativeConfig":
@@ -111,6 +119,10 @@ class SpeculativeConfig:
                                                     and 0 <= self.draft_row_cost < float("inf")):
             raise ValueError(f"speculative_config.draft_row_cost: {self.draft_row_cost!r} must be a number >= 0 "
                              f"(0 = verify every draft)")
+        if self.draft_step_cost is not None and not (isinstance(self.draft_step_cost, (int, float))
+                                                     and 0 <= self.draft_step_cost < float("inf")):
+            raise ValueError(f"speculative_config.draft_step_cost: {self.draft_step_cost!r} must be a number >= 0 "
+                             f"(0 = drafting costs nothing)")
         if self.draft_num_layers is not None and self.draft_num_layers < 1:
             raise ValueError(f"speculative_config.draft_num_layers: {self.draft_num_layers} must be >= 1")
         proposer.validate_config(self)

@@ -6,6 +6,7 @@ once per step, after verification, for the requests that sampled this step.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import time
 from abc import ABC, abstractmethod
@@ -41,12 +42,29 @@ class ProposerInput:
     block_tables: list[list[list[int]]]  # [B][group] host block tables (the scheduler's, read-only)
     next_token_ids: list[int]  # [B] host: the committed token after a non-sampling chunk; -1 for sampling requests
     num_drafts: list[int]  # [R] host: drafts verified this step (the last num_drafts[r] tokens of row r's layout)
+    # [R] host: drafts the scheduler expects to verify for row r next step (``Scheduler._expected_drafts``); 0 =
+    # whatever row r drafts would be dropped, so a proposer may skip it (returning num_drafts 0 for it); cheap
+    # proposers may ignore it. Always k without adaptive drafting.
+    expected_drafts: list[int]
     # sampling: draft j of row r is verified at sequence index len(token_ids[r]) + num_emitted[r] + j
     seeds: torch.Tensor  # [R] int64
     sampling_params: list[Any]  # [R] SamplingParams
     # [R] eyas.sampling.grammar.GrammarState of each row's committed output, None without a grammar
     # (empty: no row has one); read by ``Proposer.draft``, not by ``propose``
     grammars: list[Any] = field(default_factory=list)
+
+    def rows(self, keep: list[int]) -> "ProposerInput":
+        """This input for the sampling rows ``keep`` only (in that order); the layout fields stay whole."""
+        index = torch.tensor(keep, dtype=torch.int64, device=self.emitted.device)
+
+        def pick(values: list) -> list:
+            return [values[r] for r in keep]
+
+        return dataclasses.replace(
+            self, request_ids=pick(self.request_ids), token_ids=pick(self.token_ids), emitted=self.emitted[index],
+            num_emitted=self.num_emitted[index], sample_rows=pick(self.sample_rows), num_drafts=pick(self.num_drafts),
+            expected_drafts=pick(self.expected_drafts), seeds=self.seeds[index.to(self.seeds.device)],
+            sampling_params=pick(self.sampling_params), grammars=pick(self.grammars) if self.grammars else [])
 
 
 @dataclass
@@ -74,6 +92,13 @@ class Proposer(ABC):
     def default_num_speculative_tokens(cls, config: dict) -> int | None:
         """k when the user gives none (a checkpoint may name it), from the raw speculative_config dict."""
         return None
+
+    def step_cost(self, device_type: str) -> float:
+        """What this proposer's work costs in a step in which some request drafts, as a fraction of a one-row target
+        forward, where it leaves out the rows told 0 (``ProposerInput.expected_drafts``): the cost model charges it
+        to the steps that verify drafts (``eyas.spec.adaptive``). 0: drafting is cheap, or it runs whatever it is
+        told. ``SpeculativeConfig.draft_step_cost`` overrides it."""
+        return 0.0
 
     def kv_cache_groups(self) -> list:
         """Extra KV-cache groups (eyas.kv.manager.KVCacheGroupSpec) this proposer's layers need."""

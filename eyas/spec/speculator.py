@@ -22,6 +22,11 @@ accepted d5 and emitted [x5 = d5, x6]. Prefill rows 4, 5, 6 get tokens [x5, x6, 
 states of positions 4..6; row 5 (x6 with the state at 5) drafts x7 at position 7; decode steps
 at positions 6 and 7 draft x8 and x9.
 
+A request the scheduler expects to verify no drafts of next step (``ProposerInput.expected_drafts``
+0) is left out of all three, and its skipped positions are caught up by the prefill of the step it
+drafts again (``eyas.spec.catch_up``): the prefill runs over a ``DraftBatch``, the layout's requests
+that draft or fill a prompt chunk, each query extended back over its gap.
+
 No device-to-host sync: row indices come from host-side layout sizes plus the device-side
 number of emitted tokens; host-side sizes are only upper bounds for attention metadata.
 
@@ -31,7 +36,7 @@ two of blocks, and metadata built inside the step from device tensors; each (ste
 table width) is captured once (``eyas.runner.cuda_graphs``) and replayed. The draft prefill is
 graphed too when every query fits k+1 rows (decodes and verifications, no prompt chunk): the
 layout is then made uniform, request b's tokens moved to rows ``b * (k+1) ..``. Batches with
-prompt chunks take the flat eager prefill. On the CPU the decode steps run the same padded-row
+prompt chunks or catch-up rows take the flat eager prefill. On the CPU the decode steps run the same padded-row
 code eagerly without padding.
 
 Prefix caching shares the drafter's blocks with the target's. A drafter entry at position ``t``
@@ -58,6 +63,7 @@ from eyas.model.attention.sdpa import SdpaBackend
 from eyas.model.drafters.checkpoint import load_drafter
 from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.runner.cuda_graphs import UniformLayout, engine_graphs, pad_table, table_width
+from eyas.spec.catch_up import CatchUp, DraftBatch
 from eyas.spec.draft_sampling import DraftSampler
 from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
 
@@ -101,6 +107,9 @@ class HiddenStateSpeculator(Proposer):
         self.layers = self.drafter.attention_layers()
         self.max_blocks = config.max_blocks_per_request
         self.graphs = engine_graphs(config, self.backend)
+        # only adaptive drafting tells a request 0 (``eyas.spec.adaptive``); the store costs memory (eyas.spec.catch_up)
+        width = config.model.hidden_size * (len(self.aux_layer_ids) if self.drafter.target_hidden == "aux" else 1)
+        self.catch_up = CatchUp(width, self.block_size, self.dtype, self.device) if spec.adaptive_draft_length else None
 
     def _default_path(self, target) -> Path:
         if self.default_drafter == "target":
@@ -112,16 +121,29 @@ class HiddenStateSpeculator(Proposer):
                              f"folder, or train one with `eyas train {self.method}`")
         return path
 
+    def step_cost(self, device_type: str) -> float:
+        """On a CPU a drafter step reads all the drafter's weights, whatever the rows: the shipped EAGLE-3 drafter
+        (float32) took 8.5 ms of thread CPU time for one request and 14.5 ms for 16, beside 24 ms for the target's
+        forward of 1-2 rows (SmolLM2-135M Q4_1, 1 thread): 0.35. On CUDA its graphs make it small: 0."""
+        return 0.35 if device_type == "cpu" else 0.0
+
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]:
-        return [KVCacheGroupSpec(f"{self.method}.{i}", (f"drafter.layers.{i}",),
-                                 2 * layer.num_kv_heads * layer.head_dim * self.dtype.itemsize)
-                for i, layer in enumerate(self.layers)]
+        groups = [KVCacheGroupSpec(f"{self.method}.{i}", (f"drafter.layers.{i}",),
+                                   2 * layer.num_kv_heads * layer.head_dim * self.dtype.itemsize)
+                  for i, layer in enumerate(self.layers)]
+        return groups + ([self.catch_up.kv_cache_group(f"{self.method}.store")] if self.catch_up else [])
 
     def bind_kv_caches(self, num_blocks: int, block_size: int, first_group: int) -> None:
         for i, layer in enumerate(self.layers):
             layer.kv_cache_group = first_group + i
             layer.kv_cache = torch.zeros(2, num_blocks * block_size, layer.num_kv_heads, layer.head_dim,
                                          dtype=self.dtype, device=self.device)  # [K/V, slots, kv_heads, head_dim]
+        if self.catch_up:
+            self.catch_up.bind_kv_cache(num_blocks * block_size, first_group + len(self.layers))
+
+    def request_ended(self, request_id: str, token_ids: list[int], num_prompt_tokens: int) -> None:
+        if self.catch_up:
+            self.catch_up.forget(request_id)
 
     def _next_tokens(self, inp: ProposerInput) -> torch.Tensor:
         """[num_tokens]: the token after each layout row (see the module docstring)."""
@@ -145,24 +167,52 @@ class HiddenStateSpeculator(Proposer):
 
     @torch.inference_mode()
     def propose(self, inp: ProposerInput) -> ProposerOutput:
-        dev, drafter = self.device, self.drafter
-        hidden = inp.aux_hidden_states.flatten(1) if drafter.target_hidden == "aux" else inp.hidden_states
-        tables = [block_table_tensor([t[layer.kv_cache_group] for t in inp.block_tables]) for layer in self.layers]
+        dev, num_rows = self.device, len(inp.sample_rows)
+        hidden = inp.aux_hidden_states.flatten(1) if self.drafter.target_hidden == "aux" else inp.hidden_states
         next_ids = self._next_tokens(inp)
-        q_lens = inp.query_start_loc[1:] - inp.query_start_loc[:-1]
+        batch = self.catch_up.batch(inp, next_ids, hidden) if self.catch_up else DraftBatch.of_layout(inp, next_ids, hidden)
+        drafting = [r for r, n in enumerate(inp.expected_drafts) if n > 0]  # the other rows get no drafts
+        out = ProposerOutput(torch.zeros(num_rows, self.k, dtype=torch.int64, device=dev),
+                             torch.zeros(num_rows, dtype=torch.int64, device=dev))
+        if batch is None:
+            return out
+        tables = [block_table_tensor([inp.block_tables[b][layer.kv_cache_group] for b in batch.requests])
+                  for layer in self.layers]  # [B', blocks] per step layer
+        logits_hidden, feedback, row_end = self._prefill(batch, tables)
+        if not drafting:
+            return out
+        sub = inp.rows(drafting) if len(drafting) < num_rows else inp
+        slot = {b: i for i, b in enumerate(batch.requests)}
+        index = torch.tensor([slot[b] for b in sub.sample_rows])  # [R'] each drafting row's request in the batch
+        drafts, probs = self._chain(sub, logits_hidden, feedback, row_end[index], [t[index] for t in tables])
+        if len(drafting) == num_rows:
+            return ProposerOutput(drafts, out.num_drafts.fill_(self.k), probs)
+        rows = torch.tensor(drafting, device=dev)
+        out.draft_token_ids[rows], out.num_drafts[rows] = drafts, self.k
+        if probs is not None:
+            out.draft_probs = probs.new_zeros(num_rows, *probs.shape[1:]).index_copy_(0, rows, probs)
+        return out
+
+    def _prefill(self, batch: DraftBatch, tables: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The draft prefill over ``batch`` -> (logits hidden, feedback) over its rows (flat, or uniform when every
+        query fits k+1 rows and graphs are on), and the end row [B'] (host) of each request's query there."""
+        q_lens = batch.query_start_loc[1:] - batch.query_start_loc[:-1]
         padded = self._graph_batch_size(len(q_lens)) if int(q_lens.max()) <= self.k + 1 else None
         if padded is None:
-            logits_hidden, feedback = self._prefill(inp, next_ids, hidden, tables)
-            row_start = inp.query_start_loc[:-1]
-        else:
-            logits_hidden, feedback = self._prefill_uniform(inp, next_ids, hidden, tables, padded)
-            row_start = torch.arange(len(q_lens)) * (self.k + 1)
+            logits_hidden, feedback = self._prefill_flat(batch, tables)
+            return logits_hidden, feedback, batch.query_start_loc[1:]
+        logits_hidden, feedback = self._prefill_uniform(batch, tables, padded)
+        return logits_hidden, feedback, torch.arange(len(q_lens)) * (self.k + 1) + q_lens
+
+    def _chain(self, inp: ProposerInput, logits_hidden: torch.Tensor, feedback: torch.Tensor, row_end: torch.Tensor,
+               tables: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The k drafts of every row of ``inp`` -> (tokens [R, k], draft probabilities [R, k, V] or None).
+
+        ``row_end`` [R] (host): the end of each row's prefill query; ``tables`` [R, blocks] per step layer."""
+        dev, drafter = self.device, self.drafter
         num_rows = len(inp.sample_rows)
-        if num_rows == 0:
-            return ProposerOutput(torch.zeros(0, self.k, dtype=torch.int64, device=dev),
-                                  torch.zeros(0, dtype=torch.int64, device=dev))
         # row of each request's last committed token, then of the last emitted token's predecessor
-        committed = (row_start + q_lens)[inp.sample_rows] - 1 - torch.tensor(inp.num_drafts, dtype=torch.int64)
+        committed = row_end - 1 - torch.tensor(inp.num_drafts, dtype=torch.int64)
         rows = committed.to(dev) + inp.num_emitted - 1  # [R]
         logits_hidden, feedback = logits_hidden[rows], feedback[rows]
         history = torch.tensor([len(t) for t in inp.token_ids], dtype=torch.int64, device=dev)
@@ -171,7 +221,7 @@ class HiddenStateSpeculator(Proposer):
         x = sampler.sample(drafter.compute_logits(0, logits_hidden), first_draft_pos)
         drafts = [x]
         pos = first_draft_pos - 2  # [R] the drafter position of that row
-        tables = [t[inp.sample_rows].to(dev) for t in tables]
+        tables = [t.to(dev) for t in tables]
         saved = None if drafter.advances_positions else self._entries(tables, pos)
         # draft decode over rows padded to the graph's batch size (padding rows write the null block)
         size = self._graph_batch_size(num_rows) or num_rows
@@ -193,8 +243,7 @@ class HiddenStateSpeculator(Proposer):
         if saved is not None:
             for layer, (slots, entries) in zip(self.layers, saved):
                 layer.kv_cache[:, slots] = entries
-        return ProposerOutput(torch.stack(drafts, dim=1), torch.full((num_rows,), self.k, device=dev),
-                              sampler.draft_probs())
+        return torch.stack(drafts, dim=1), sampler.draft_probs()
 
     def _graph_batch_size(self, n: int) -> int | None:
         return self.graphs.padded_batch_size(n) if self.graphs is not None else None
@@ -206,32 +255,31 @@ class HiddenStateSpeculator(Proposer):
     def _run(self, key, fn, *inputs):
         return self.graphs.run(key, fn, *inputs) if self.graphs is not None else fn(*inputs)
 
-    def _prefill(self, inp: ProposerInput, next_ids: torch.Tensor, hidden: torch.Tensor,
-                 tables: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft prefill over the verification forward's own flat layout (any query lengths)."""
-        qsl, seq_lens = inp.query_start_loc, inp.seq_lens
+    def _prefill_flat(self, batch: DraftBatch, tables: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft prefill over the batch's flat layout (any query lengths)."""
+        qsl, seq_lens = batch.query_start_loc, batch.seq_lens
         max_q, max_seq = int((qsl[1:] - qsl[:-1]).max()), int(seq_lens.max())
         meta = {}
         for layer, table in zip(self.layers, tables):
             _, slots = layout_slots(table, qsl, seq_lens, self.block_size)
-            batch = AttentionBatch(qsl, seq_lens, table, slots, self.block_size, max_q, max_seq, layer.sliding_window)
-            meta[layer.kv_cache_group] = self.backend.build_metadata(batch, self.device)
+            attention = AttentionBatch(qsl, seq_lens, table, slots, self.block_size, max_q, max_seq, layer.sliding_window)
+            meta[layer.kv_cache_group] = self.backend.build_metadata(attention, self.device)
         with forward_context(ForwardContext(self.backend, meta)):
-            outs = [self.drafter(step, next_ids, inp.positions, hidden) for step in range(self.drafter.num_step_layers)]
+            outs = [self.drafter(step, batch.input_ids, batch.positions, batch.hidden)
+                    for step in range(self.drafter.num_step_layers)]
         return outs[0]
 
-    def _prefill_uniform(self, inp: ProposerInput, next_ids: torch.Tensor, hidden: torch.Tensor,
-                         tables: list[torch.Tensor], size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _prefill_uniform(self, batch: DraftBatch, tables: list[torch.Tensor], size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft prefill of a batch whose queries all fit k+1 rows, on the uniform layout of ``size`` requests.
 
-        Request b's tokens move to rows ``b * (k+1) ..``; returns states over those ``size * (k+1)`` rows.
+        Request i's tokens move to rows ``i * (k+1) ..``; returns states over those ``size * (k+1)`` rows.
         """
-        layout = UniformLayout.of(inp.query_start_loc, inp.seq_lens, tables[0], self.k + 1, size, self.max_blocks,
+        layout = UniformLayout.of(batch.query_start_loc, batch.seq_lens, tables[0], self.k + 1, size, self.max_blocks,
                                   self.device)
         blocks = layout.block_table.shape[1]
         tables_in = [layout.block_table] + [pad_table(t, size, blocks).to(self.device) for t in tables[1:]]
-        return self._run(("prefill", size, blocks), self._prefill_step, layout.scatter(next_ids),
-                         layout.scatter(inp.positions), layout.scatter(hidden), layout.q_lens, layout.seq_lens,
+        return self._run(("prefill", size, blocks), self._prefill_step, layout.scatter(batch.input_ids),
+                         layout.scatter(batch.positions), layout.scatter(batch.hidden), layout.q_lens, layout.seq_lens,
                          *tables_in)
 
     def _prefill_step(self, input_ids, positions, hidden, q_lens, seq_lens, *tables):
