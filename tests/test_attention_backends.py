@@ -9,11 +9,12 @@ import os
 import sys
 
 import pytest
+from kernel_helpers import without_c_compiler
 import torch
 import transformers
 from torch._dynamo.utils import counters
 
-from eyas import LLM, SamplingParams, kernels
+from eyas import LLM, SamplingParams
 from eyas.model.attention import AttentionBatch, UniformBatch, default_backend, get_backend
 from eyas.model.attention.cpu import load_kernel
 from eyas.model.attention.sdpa import LONG_QUERY
@@ -195,18 +196,11 @@ def test_cpu_kernel_reads_views_of_a_fused_qkv_product():
 
 
 def test_without_a_c_compiler_cpu_falls_back_to_sdpa(monkeypatch, tmp_path, caplog):
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    monkeypatch.setenv("EYAS_CACHE_DIR", str(tmp_path))
-    kernels.load.cache_clear()
-    load_kernel.cache_clear()
-    try:
+    with without_c_compiler(monkeypatch, tmp_path, load_kernel):
         assert default_backend(torch.device("cpu")) == "sdpa"
         assert "no C compiler" in caplog.text
         with pytest.raises(ValueError, match="attention_backend: 'cpu' needs its C kernel"):
             get_backend("cpu")
-    finally:
-        kernels.load.cache_clear()
-        load_kernel.cache_clear()
 
 
 @pytest.mark.parametrize("device", [pytest.param("cuda", marks=needs_cuda), pytest.param("cpu", marks=flex_cpu)])

@@ -4,6 +4,7 @@ compute with are exactly the gguf package's dequantization, and the model's logi
 import gguf
 import numpy as np
 import pytest
+from kernel_helpers import without_c_compiler
 import torch
 from gguf.constants import GGMLQuantizationType
 
@@ -175,21 +176,13 @@ def test_quantization_choice(tmp_path):
 
 
 def test_without_a_compiler_auto_falls_back_and_gguf_is_refused(tmp_path, monkeypatch):
-    from eyas import kernels
-
     path = write_quantized_gguf(tmp_path / "q.gguf")
     cfg = ModelConfig.from_folder(convert_gguf(path, tmp_path / "hf"), path)
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
-    kernels.load.cache_clear()
-    Q._kernel.cache_clear()
-    try:
+    with without_c_compiler(monkeypatch, tmp_path, Q._kernel):
         choice, why = EngineConfig.resolve_quantization("auto", cfg, torch.device("cpu"))
         assert choice is None and "could not be built" in why
         with pytest.raises(ValueError, match="needs eyas's quantized CPU kernel, which could not be built"):
             EngineConfig.resolve_quantization("gguf", cfg, torch.device("cpu"))
-    finally:
-        kernels.load.cache_clear()
-        Q._kernel.cache_clear()
 
 
 def test_generation_in_gguf_mode_is_greedy_identical_with_speculation(tmp_path):

@@ -4,10 +4,10 @@ batch- and thread-invariant where promised, and never a stale packed weight."""
 from __future__ import annotations
 
 import pytest
+from kernel_helpers import without_c_compiler
 import torch
 import torch.nn.functional as F
 
-from eyas import kernels
 from eyas.model import layers
 from eyas.model.layers import _EMULATED_HALF, Linear
 
@@ -100,17 +100,10 @@ def test_small_kernel_is_batch_and_thread_invariant():
 
 
 def test_without_a_c_compiler_small_products_take_the_packed_path(monkeypatch, tmp_path):
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    monkeypatch.setenv("EYAS_CACHE_DIR", str(tmp_path))
-    kernels.load.cache_clear()
-    layers._small_gemm_kernel.cache_clear()
-    try:
+    with without_c_compiler(monkeypatch, tmp_path, layers._small_gemm_kernel):
         layer = Linear(32, 16, bias=True)
         x = torch.randn(3, 32)
         with torch.inference_mode():
             assert not layer._takes_small(x)
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
         assert layer._packed is not None
-    finally:
-        kernels.load.cache_clear()
-        layers._small_gemm_kernel.cache_clear()

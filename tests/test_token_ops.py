@@ -5,10 +5,10 @@ thread- and batch-invariant; autograd and a machine without a C compiler take Py
 from __future__ import annotations
 
 import pytest
+from kernel_helpers import without_c_compiler
 import torch
 import torch.nn.functional as F
 
-from eyas import kernels
 from eyas.model import layers
 from eyas.model.layers import RMSNorm, RotaryEmbedding, apply_rotary, silu_and_mul
 
@@ -123,11 +123,7 @@ def test_autograd_takes_pytorch_ops():
 
 
 def test_without_a_c_compiler_pytorch_ops_serve(monkeypatch, tmp_path):
-    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    monkeypatch.setenv("EYAS_CACHE_DIR", str(tmp_path))
-    kernels.load.cache_clear()
-    layers._token_ops.cache_clear()
-    try:
+    with without_c_compiler(monkeypatch, tmp_path, layers._token_ops):
         assert layers._token_ops() is None
         norm = RMSNorm(24, 1e-5)
         x = torch.randn(3, 24)
@@ -137,6 +133,3 @@ def test_without_a_c_compiler_pytorch_ops_serve(monkeypatch, tmp_path):
             assert torch.equal(apply_rotary(x.view(3, 3, 8), cos, sin), _torch_rotary(x.view(3, 3, 8), cos, sin))
             gate, up = x.chunk(2, dim=-1)
             assert torch.equal(silu_and_mul(x), F.silu(gate) * up)
-    finally:
-        kernels.load.cache_clear()
-        layers._token_ops.cache_clear()

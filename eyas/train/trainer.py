@@ -205,7 +205,7 @@ class Trainer:
         self.step = 0
         self.position = (0, 0)  # (epoch, batch index) of the next batch
         self.tokens_seen = 0
-        self.release_memory = _malloc_trim()
+        self.release_memory = _malloc_trim() if self.device.type == "cpu" else None
 
     def _open_data(self, aux: tuple[int, ...] | None):
         cfg, config = self.target_config, self.config
@@ -317,7 +317,7 @@ class Trainer:
             epoch = self.position[0]
             self.position, indices = next(batches)
             row = self.train_step(indices)
-            if self.release_memory is not None and self.device.type == "cpu":
+            if self.release_memory is not None:
                 self.release_memory(0)
             self.step += 1
             self.tokens_seen += row["tokens"]
