@@ -22,10 +22,11 @@ def _engine_args(parser: argparse.ArgumentParser, speculative: bool = True) -> N
     g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
                    help="auto = bfloat16 on CUDA, float32 on CPU")
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    g.add_argument("--quantization", default="auto", choices=["auto", "gguf", "int8", "none"],
-                   help="weight format: auto = a GGUF model keeps its block formats on a CPU (gguf), anything else "
-                        "the engine dtype; gguf = the GGUF file's own formats (CPU); int8 = per-output-channel int8 "
-                        "made at load (CPU); none = the engine dtype")
+    g.add_argument("--quantization", default="auto", choices=["auto", "gguf", "int8", "bf16", "none"],
+                   help="weight format: auto = a GGUF model keeps its block formats on a CPU (gguf), an HF folder "
+                        "gets bfloat16 weights on a CPU with native bf16 (bf16), anything else the engine dtype; "
+                        "gguf = the GGUF file's own formats (CPU); int8 = per-output-channel int8 made at load (CPU); "
+                        "bf16 = bfloat16 weights with float32 activations (CPU); none = the engine dtype")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--max-num-batched-tokens", type=int, default=2048)

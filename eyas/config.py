@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-QUANTIZATIONS = ("auto", None, "gguf", "int8")
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # /proc/cpuinfo names
+QUANTIZATIONS = ("auto", None, "gguf", "int8", "bf16")
 
 
 def _require(ok: bool, message: str) -> None:
@@ -124,7 +125,7 @@ class EngineConfig:
     seed: int = 0
     enforce_eager: bool = False  # no CUDA graphs (they are used on CUDA only)
     speculative: Any = None  # eyas.spec.config.SpeculativeConfig, set by the speculative issue
-    quantization: str | None = None  # None, "gguf" or "int8" (see resolve_quantization)
+    quantization: str | None = None  # None, "gguf", "int8" or "bf16" (see resolve_quantization)
 
     @property
     def max_positions(self) -> int:
@@ -150,26 +151,33 @@ class EngineConfig:
         return _DTYPES[dtype]
 
     @staticmethod
-    def resolve_quantization(requested: str | None, model: ModelConfig, device: torch.device) -> tuple[str | None, str]:
+    def resolve_quantization(requested: str | None, model: ModelConfig, device: torch.device,
+                             dtype: str | torch.dtype = "auto") -> tuple[str | None, str]:
         """The weight format and why. ``"auto"``: a model loaded from a GGUF file keeps its block formats on a
-        CPU (as llama.cpp runs it) and is dequantized to the engine dtype on CUDA; an HF folder keeps the
-        engine dtype. ``"gguf"``, ``"int8"``: CPU only (eyas's own kernels). None: the engine dtype."""
+        CPU (as llama.cpp runs it) and is dequantized to the engine dtype on CUDA; an HF folder with the
+        ``"auto"`` dtype runs with bfloat16 weights (``"bf16"``) on a CPU with native bf16 dot products, and
+        otherwise in the engine dtype. ``"gguf"``, ``"int8"``, ``"bf16"``: CPU only (eyas's own kernels,
+        float32 activations). None: the engine dtype."""
         from eyas.model.quantized import kernel_available  # lazy: config is imported by the model code
         _require(requested in QUANTIZATIONS, f"quantization: {requested!r} is not one of "
                  f"{', '.join(map(repr, QUANTIZATIONS))}")
         from_gguf = model.gguf_path is not None
-        if requested in ("gguf", "int8"):
+        if requested in ("gguf", "int8", "bf16"):
             _require(device.type == "cpu", f"quantization: {requested!r} runs on the CPU (eyas's own kernels); on "
                      f"CUDA use quantization='auto' or None (a GGUF is dequantized to the CUDA dtype at load)")
             _require(requested != "gguf" or from_gguf, f"quantization: 'gguf' needs a model loaded from a .gguf "
-                     f"file, and {model.path} is a Hugging Face folder (use 'int8' or None)")
+                     f"file, and {model.path} is a Hugging Face folder (use 'int8', 'bf16' or None)")
             _require(kernel_available(), f"quantization: {requested!r} needs eyas's quantized CPU kernel, which "
                      "could not be built (is a C compiler installed? set CC); use quantization=None")
+            if requested != "gguf":
+                odd = _unaligned_widths(model)
+                _require(not odd, f"quantization: {requested!r} computes rows of 32 weights, and {model.path} has "
+                         f"matrices {', '.join(map(str, odd))} wide; use quantization=None")
             return requested, "asked for"
         if requested is None:
             return None, "asked for"
         if not from_gguf:
-            return None, "a Hugging Face folder runs in the engine dtype"
+            return EngineConfig._folder_weights(model, device, dtype)
         if device.type != "cpu":
             return None, "a GGUF model is dequantized to the CUDA dtype at load"
         if not kernel_available():
@@ -185,6 +193,25 @@ class EngineConfig:
         return "gguf", "a GGUF model keeps its own block formats on the CPU, as llama.cpp runs it"
 
     @staticmethod
+    def _folder_weights(model: ModelConfig, device: torch.device, dtype: str | torch.dtype) -> tuple[str | None, str]:
+        """``"auto"`` for an HF folder: bfloat16 weights where the CPU multiplies bf16 natively."""
+        from eyas.kernels import cpu_flags
+        from eyas.model.quantized import kernel_available
+
+        if device.type != "cpu":
+            return None, "a Hugging Face folder runs in the engine dtype on CUDA"
+        if dtype != "auto":
+            return None, f"dtype {dtype} was asked for"
+        if not cpu_flags() & NATIVE_BF16_FLAGS:
+            return None, "this CPU has no native bf16 dot products (avx512_bf16 or amx_bf16), so float32 is faster"
+        if not kernel_available():
+            return None, "eyas's quantized CPU kernel could not be built (no C compiler?)"
+        odd = _unaligned_widths(model)
+        if odd:
+            return None, f"the model has matrices {', '.join(map(str, odd))} wide, and the bf16 kernel computes rows of 32 weights"
+        return "bf16", "this CPU has native bf16 dot products (weights in bfloat16, activations in float32)"
+
+    @staticmethod
     def resolve_device(device: str | torch.device | None) -> torch.device:
         if device is None:
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -193,6 +220,12 @@ class EngineConfig:
         _require(device.type != "cuda" or torch.cuda.is_available(),
                  "device: 'cuda' was asked for but torch sees no CUDA device")
         return device
+
+
+def _unaligned_widths(model: ModelConfig) -> list[int]:
+    """The matrix input widths (hidden, attention output, MLP) that are not whole 32-weight rows."""
+    widths = (model.hidden_size, model.num_heads * model.head_dim, model.intermediate_size)
+    return [w for w in widths if w % 32]
 
 
 def max_model_len_for(model: ModelConfig, requested: int | None) -> int:

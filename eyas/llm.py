@@ -41,8 +41,10 @@ class LLM:
     ``attention_backend``: None picks ``"cpu"`` on a CPU (its C kernel is built on first use, about a
     second, and cached; ``"sdpa"`` where no C compiler is found) and ``"sdpa"`` on CUDA; ``"flex"``
     is FlexAttention. ``quantization``: ``"auto"`` keeps a GGUF model's block formats on a CPU
-    (``"gguf"``) and otherwise the engine dtype; ``"gguf"``, ``"int8"`` (per-output-channel int8 made at
-    load from any weights) or None (the engine dtype) ask for one; the choice is logged.
+    (``"gguf"``), gives an HF folder with ``dtype="auto"`` bfloat16 weights on a CPU with native bf16
+    dot products (``"bf16"``), and otherwise the engine dtype; ``"gguf"``, ``"int8"`` (per-output-channel
+    int8 made at load from any weights), ``"bf16"`` or None (the engine dtype) ask for one; the quantized
+    formats keep activations in float32. The choice is logged.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, dtype: str | torch.dtype = "auto",
@@ -69,7 +71,7 @@ class LLM:
         model_config = ModelConfig.from_folder(path, gguf_file(model if redirect is None else redirect[0]))
         dev = EngineConfig.resolve_device(device)
         max_len = max_model_len_for(model_config, max_model_len)
-        quantization, why = EngineConfig.resolve_quantization(quantization, model_config, dev)
+        quantization, why = EngineConfig.resolve_quantization(quantization, model_config, dev, dtype)
         logger.info("weights: %s (%s)", quantization or "engine dtype", why)
         config = EngineConfig(
             model=model_config,

@@ -1,5 +1,8 @@
-"""Loading a GGUF in its own block formats (quantization='gguf') and in int8: the weights the kernels
-compute with are exactly the gguf package's dequantization, and the model's logits match the float path."""
+"""Loading a GGUF in its own block formats (quantization='gguf'), in int8 and in bf16: the weights the
+kernels compute with are exactly the gguf package's dequantization (or the stated rounding of the float
+weights), and the model's logits match HF transformers on those weights."""
+
+import dataclasses
 
 import gguf
 import numpy as np
@@ -96,10 +99,10 @@ def test_every_matrix_equals_gguf_dequantization(tmp_path, tied):
 
 
 
-@pytest.mark.parametrize("mode", ["gguf", "int8"])
+@pytest.mark.parametrize("mode", ["gguf", "int8", "bf16"])
 def test_logits_match_transformers_on_the_same_weights(tmp_path, mode):
-    """HF transformers on the dequantized folder (gguf mode: the same weights; int8: the int8 weights
-    dequantized) against eyas's prefill and decode logits."""
+    """HF transformers on the dequantized folder (gguf mode: the same weights; int8 / bf16: eyas's int8 /
+    bf16 weights widened to float32) against eyas's prefill and decode logits."""
     import transformers
     from test_model_vs_hf import _eyas_logits_by_chunks
 
@@ -107,8 +110,10 @@ def test_logits_match_transformers_on_the_same_weights(tmp_path, mode):
     folder = convert_gguf(path, tmp_path / "hf")
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     llm = LLM(str(path), quantization=mode, max_model_len=256, kv_cache_gb=0.05, max_num_batched_tokens=64)
-    if mode == "int8":
+    if mode != "gguf":
         with torch.no_grad():
+            if mode == "bf16":
+                hf.model.embed_tokens.weight.copy_(hf.model.embed_tokens.weight.to(torch.bfloat16))
             for name, module in llm.engine.runner.model.named_modules():
                 if isinstance(module, Q.QuantLinear):
                     dense = Q.dequantize(module.parts[0])
@@ -146,6 +151,28 @@ def test_int8_keeps_each_row_within_half_a_step(tmp_path):
     assert isinstance(int8.embed_tokens, torch.nn.Embedding)  # the lookup table stays in the engine dtype
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_bf16_rows_are_the_float_weights_rounded_to_nearest_even(tmp_path, tied):
+    path = write_quantized_gguf(tmp_path / "q.gguf", tied=tied)
+    cfg = ModelConfig.from_folder(convert_gguf(path, tmp_path / "hf"), path)
+    plain = load_model(cfg, torch.float32, torch.device("cpu"), 256)
+    bf16 = load_model(cfg, torch.float32, torch.device("cpu"), 256, quantization="bf16")
+    checked = 0
+    for name, module in plain.named_modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            got = bf16.get_submodule(name)
+            (part,) = got.parts if isinstance(got, Q.QuantLinear) else (got.weight_q,)
+            assert part.fmt.name == "BF16"
+            expected = module.weight.detach().to(torch.bfloat16).float()
+            assert torch.equal(Q.dequantize(part), expected), name
+            checked += 1
+    assert checked == 2 + 4 * 2  # embedding, head, and per layer qkv, o, gate_up, down
+    ids = torch.tensor([[3, 17, 40]])
+    assert torch.equal(bf16.embed_tokens(ids), plain.embed_tokens.weight.detach()[ids].to(torch.bfloat16).float())
+    shared = bf16.lm_head.parts[0] is bf16.embed_tokens.weight_q
+    assert shared == tied  # a tied head reads the embedding's rows; no second copy
+
+
 def test_unsupported_block_format_is_refused_by_name(tmp_path):
     path = tmp_path / "q5.gguf"
     write_quantized_gguf(path, embed_format="Q5_0")
@@ -165,14 +192,38 @@ def test_quantization_choice(tmp_path):
     assert EngineConfig.resolve_quantization("auto", gguf_cfg, cpu)[0] == "gguf"
     assert EngineConfig.resolve_quantization(None, gguf_cfg, cpu)[0] is None
     hf_cfg = ModelConfig.from_folder(tmp_path / "hf")  # the same folder, not known to come from a GGUF
-    assert EngineConfig.resolve_quantization("auto", hf_cfg, cpu) == (None, "a Hugging Face folder runs in the engine dtype")
     assert EngineConfig.resolve_quantization("int8", hf_cfg, cpu)[0] == "int8"
+    assert EngineConfig.resolve_quantization("bf16", hf_cfg, cpu)[0] == "bf16"
     with pytest.raises(ValueError, match="'gguf' needs a model loaded from a .gguf file"):
         EngineConfig.resolve_quantization("gguf", hf_cfg, cpu)
     with pytest.raises(ValueError, match="quantization: 'q3' is not one of"):
         EngineConfig.resolve_quantization("q3", hf_cfg, cpu)
     with pytest.raises(ValueError, match="runs on the CPU"):
         EngineConfig.resolve_quantization("int8", hf_cfg, torch.device("cuda"))
+
+
+@pytest.mark.parametrize("flags,dtype,expected,why", [
+    ({"avx2", "fma", "avx512f", "avx512_bf16"}, "auto", "bf16", "native bf16 dot products"),
+    ({"avx2", "fma", "amx_bf16"}, "auto", "bf16", "native bf16 dot products"),
+    ({"avx2", "fma", "avx512f"}, "auto", None, "no native bf16 dot products"),
+    ({"avx2", "fma", "avx512_bf16"}, "float32", None, "dtype float32 was asked for"),
+    ({"avx2", "fma", "avx512_bf16"}, torch.bfloat16, None, "dtype torch.bfloat16 was asked for"),
+])
+def test_an_hf_folder_gets_bf16_weights_only_where_the_cpu_has_native_bf16(tmp_path, monkeypatch, flags, dtype,
+                                                                             expected, why):
+    from eyas import kernels
+
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset(flags))
+    path = write_quantized_gguf(tmp_path / "q.gguf")
+    hf_cfg = ModelConfig.from_folder(convert_gguf(path, tmp_path / "hf"))  # not known to come from a GGUF
+    choice, reason = EngineConfig.resolve_quantization("auto", hf_cfg, torch.device("cpu"), dtype)
+    assert choice == expected and why in reason
+    assert EngineConfig.resolve_quantization("auto", hf_cfg, torch.device("cuda"), dtype)[0] is None
+    odd = dataclasses.replace(hf_cfg, intermediate_size=FFN + 16)  # a matrix 528 weights wide
+    choice, reason = EngineConfig.resolve_quantization("auto", odd, torch.device("cpu"), dtype)
+    assert choice is None and (expected is None or "matrices 528 wide" in reason)
+    with pytest.raises(ValueError, match="'bf16' computes rows of 32 weights, .* has matrices 528 wide"):
+        EngineConfig.resolve_quantization("bf16", odd, torch.device("cpu"))
 
 
 def test_without_a_compiler_auto_falls_back_and_gguf_is_refused(tmp_path, monkeypatch):

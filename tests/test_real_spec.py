@@ -23,8 +23,9 @@ def setup(tmp_path_factory):
                                 "Name three colours.", "Count from 1 to 10.", "hi"]]
     prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False)[-300:] for c in convs]
     reference = {"gguf": [o.outputs[0].token_ids for o in plain.generate(prompts, PARAMS, use_tqdm=False)]}
-    int8 = LLM(None, dtype="float32", max_model_len=512, kv_cache_gb=0.1, quantization="int8")
-    reference["int8"] = [o.outputs[0].token_ids for o in int8.generate(prompts, PARAMS, use_tqdm=False)]
+    for mode in ("int8", "bf16"):
+        llm = LLM(None, dtype="float32", max_model_len=512, kv_cache_gb=0.1, quantization=mode)
+        reference[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)]
     # a smaller sibling with the same vocabulary: the default model's first 6 layers, saved as its own folder
     folder = plain.engine.config.model.path
     small = tmp_path_factory.mktemp("sibling")
@@ -40,9 +41,9 @@ def setup(tmp_path_factory):
 
 
 @pytest.mark.parametrize("method,quantization", [("ngram", "gguf"), ("self_draft", "gguf"), ("draft_model", "gguf"),
-                                                 ("ngram", "int8"), ("self_draft", "int8")])
+                                                 ("ngram", "int8"), ("self_draft", "int8"), ("ngram", "bf16")])
 def test_real_model_speculative_greedy_is_identical(setup, method, quantization):
-    """In the default model's own GGUF formats and in int8, batch 8 and 1, prefix-cached, preempted."""
+    """In the default model's own GGUF formats, in int8 and in bf16, batch 8 and 1, prefix-cached, preempted."""
     prompts, references, sibling = setup
     reference = references[quantization]
     config = {"ngram": {"method": "ngram", "num_speculative_tokens": 4},

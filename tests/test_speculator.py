@@ -57,6 +57,39 @@ def test_greedy_speculation_equals_plain_batch_1_and_8_with_preemption(drafters,
     assert [o.outputs[0].token_ids for o in outs] == want and preemptions > 0
 
 
+@pytest.mark.parametrize("case", ["eagle3", "mtp_1"])
+def test_bf16_target_and_drafter_rows_stay_lossless(drafters, case):
+    """quantization='bf16': the target's and the drafter's matrices are bf16 rows on eyas's kernel; each
+    drafter product equals its float32 module's on the same rounded weights, and greedy output is plain's."""
+    from eyas.model.layers import Linear
+    from eyas.model.quantized import QuantLinear, dequantize
+
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    target = drafters.folders["mtp_1"] if case == "mtp_1" else str(drafters.target)
+    plain = LLM(target, dtype="float32", quantization="bf16", max_model_len=256, kv_cache_gb=0.05)
+    prompts = _prompts(8)
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
+    llm = _llm(drafters, case, quantization="bf16")
+    rows = dict(llm.engine.runner.proposer.drafter.named_modules())
+    floats = _llm(drafters, case).engine.runner.proposer.drafter
+    checked = 0
+    for name, module in floats.named_modules():
+        if isinstance(module, Linear):
+            got = rows[name]
+            assert isinstance(got, QuantLinear), name
+            rounded = module.weight.detach().to(torch.bfloat16).float()
+            assert torch.equal(dequantize(got.parts[0]), rounded), name
+            x = torch.randn(3, module.in_features, generator=torch.Generator().manual_seed(checked))
+            torch.testing.assert_close(got(x), x @ rounded.T, rtol=1e-5, atol=1e-5)
+            checked += 1
+    assert checked >= 4
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts[:1], params, use_tqdm=False)] == want[:1]
+    tight = _llm(drafters, case, quantization="bf16", num_kv_blocks=24, max_num_batched_tokens=32)
+    outs, preemptions = run_counting_preemptions(tight, prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == want and preemptions > 0
+    assert llm.stats()["num_drafted"] > 0
+
+
 @pytest.mark.parametrize("case", ["eagle", "eagle3", "mtp_2"])
 def test_penalties_stay_lossless_under_hidden_state_drafters(drafters, case):
     penalties = dict(repetition_penalty=1.4, frequency_penalty=0.5, presence_penalty=0.3, logit_bias={7: 2.0})

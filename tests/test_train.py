@@ -236,7 +236,8 @@ def test_online_batches_equal_the_engine_dumps(tmp_path, tiny_models):
             f.write(json.dumps({"id": str(i), "messages": [{"role": "user", "content": f"question {i} " * (i + 2)},
                                                            {"role": "assistant", "content": f"answer {i} " * (3 + i)}]})
                     + "\n")
-    run_extract(str(chats), tmp_path / "dumps", model=str(model), layers=LAYERS, progress=False)
+    # float32 weights, as the trainer's target (an HF folder's "auto" on a bf16 CPU would extract from bf16 rows)
+    run_extract(str(chats), tmp_path / "dumps", model=str(model), layers=LAYERS, progress=False, dtype="float32")
     trainer_cfg = _config({"dumps": tmp_path / "dumps", "model": model, "masks": None}, tmp_path / "x",
                           loss_masks=None, layers=None)
     from eyas.config import ModelConfig

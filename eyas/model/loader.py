@@ -4,7 +4,9 @@
 GGUF file the folder was converted from in their own block formats (``QuantLinear``,
 ``QuantEmbedding``); only the norms and biases come from the folder, and no float copy of a
 quantized matrix is ever made. ``"int8"`` replaces every ``Linear`` of the loaded model with
-per-output-channel int8 (the embedding stays in the engine dtype).
+per-output-channel int8 (the embedding stays in the engine dtype). ``"bf16"`` rounds every matrix, the
+embedding included, to bfloat16 rows computed by the same kernel with float32 activations (a tied head
+shares the embedding's rows); the float32 weights are freed once converted.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from safetensors import safe_open
 
 from eyas.config import ModelConfig
 from eyas.model.layers import Linear, RotaryEmbedding
-from eyas.model.quantized import Arena, QuantEmbedding, QuantLinear, QuantWeight, quantize_int8
+from eyas.model.quantized import (KERNEL_ALIGN, Arena, QuantEmbedding, QuantLinear, QuantWeight, quantize_int8,
+                                  to_bf16)
 from eyas.model.registry import model_class
 
 
@@ -71,6 +74,8 @@ def load_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_p
     model = model.to(dtype).eval()
     if quantization == "int8":
         _install_int8(model)
+    elif quantization == "bf16":
+        _install_bf16(model, dtype)
     return model
 
 
@@ -116,6 +121,30 @@ def _install_int8(model: torch.nn.Module) -> None:
         if isinstance(module, Linear):
             bias = None if module.bias is None else module.bias.detach()
             model.set_submodule(path, QuantLinear([quantize_int8(module.weight)], bias))
+
+
+def _install_bf16(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Every ``Linear`` and the embedding become bfloat16 rows; a tied head shares the embedding's rows, as
+    the float model shares its tensor."""
+    table = to_bf16(model.embed_tokens.weight)
+    linears_to_bf16(model, {id(model.embed_tokens.weight): table})
+    model.embed_tokens = QuantEmbedding(table, dtype)
+
+
+def linears_to_bf16(model: torch.nn.Module, shared: dict[int, QuantWeight] | None = None) -> None:
+    """Every ``Linear`` of ``model`` whose rows are whole 32-weight blocks becomes BF16 rows, copied into
+    one arena; one whose weight tensor is a key (``id``) of ``shared`` reads those rows instead."""
+    shared = shared or {}
+    linears = [(path, m) for path, m in model.named_modules()
+               if isinstance(m, Linear) and m.in_features % KERNEL_ALIGN == 0]
+    arena = Arena(2 * sum(m.weight.numel() for _, m in linears if id(m.weight) not in shared))
+    for path, module in linears:
+        weight = shared.get(id(module.weight))
+        if weight is None:
+            made = to_bf16(module.weight)
+            weight = QuantWeight(arena.take(*made.data.shape).copy_(made.data), made.fmt, made.in_features)
+        bias = None if module.bias is None else module.bias.detach()
+        model.set_submodule(path, QuantLinear([weight], bias))
 
 
 def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str, file: Path) -> None:

@@ -1,8 +1,8 @@
 """Weights kept in compact block formats on the CPU, computed with eyas's own kernel.
 
 A ``QuantWeight`` is an ``[N, K]`` matrix held as ``N`` rows of its format's bytes: the GGUF block
-layouts for GGML types (the file's bytes, unchanged) and ``I8_ROW``, per-output-channel int8 made
-at load time. ``QuantLinear`` and ``QuantEmbedding`` stand in for ``Linear`` and ``nn.Embedding``;
+layouts for GGML types (the file's bytes, unchanged), ``BF16`` rows made at load time from float
+weights, and ``I8_ROW``, per-output-channel int8 made at load time. ``QuantLinear`` and ``QuantEmbedding`` stand in for ``Linear`` and ``nn.Embedding``;
 activations stay float32 (a bfloat16 input is widened, the output rounded back).
 
 The products run in ``eyas/kernels/quant_gemm.c``, built for the best instruction set the CPU has
@@ -84,6 +84,12 @@ class Arena:
         start, self.used = self.used, self.used + rows * row_bytes
         assert self.used <= self.buffer.numel(), "arena too small"
         return self.buffer[start:self.used].view(rows, row_bytes)
+
+
+def to_bf16(weight: torch.Tensor) -> QuantWeight:
+    """The weight rounded to bfloat16 (round to nearest even), held as BF16 rows."""
+    w = weight.detach().to(torch.bfloat16).contiguous()
+    return QuantWeight(w.view(torch.uint8), FORMATS["BF16"], w.shape[1])
 
 
 def quantize_int8(weight: torch.Tensor) -> QuantWeight:

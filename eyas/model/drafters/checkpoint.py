@@ -43,6 +43,7 @@ from eyas.model.drafters.eagle3 import Eagle3Drafter
 from eyas.model.drafters.layout import LAYOUTS, TensorFiles, checkpoint_names, is_norm_weight, prefix_renames
 from eyas.model.drafters.mtp import MtpDrafter
 from eyas.model.layers import RotaryEmbedding
+from eyas.model.loader import linears_to_bf16
 
 logger = logging.getLogger("eyas")
 CONVENTIONS = ("vllm", "specforge")
@@ -108,10 +109,12 @@ def read_drafter_spec(path: str | os.PathLike, target: ModelConfig, method: str 
 
 
 def load_drafter(path: str | os.PathLike, target: torch.nn.Module, *, dtype: torch.dtype, device: torch.device,
-                 max_positions: int, method: str | None = None) -> Drafter:
+                 max_positions: int, method: str | None = None, bf16_rows: bool = False) -> Drafter:
     """Build the drafter of a checkpoint folder next to a loaded target (eyas ``LlamaForCausalLM``).
 
-    The target's embedding (and head, where shared) are used in place, never copied.
+    The target's embedding (and head, where shared) are used in place, never copied. ``bf16_rows``: the
+    drafter's own matrices are held as bfloat16 rows for eyas's CPU kernel (half the bytes a draft step
+    reads; exact for a checkpoint stored in bfloat16, as ``eyas train`` writes it).
     """
     spec = read_drafter_spec(path, target.config, method)
     files = TensorFiles(spec.path)
@@ -123,7 +126,10 @@ def load_drafter(path: str | os.PathLike, target: torch.nn.Module, *, dtype: tor
     drafter.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling).to(device)
     _fill(drafter, spec, files)
     drafter.spec = spec
-    return drafter.to(dtype).eval()
+    drafter = drafter.to(dtype).eval()
+    if bf16_rows:
+        linears_to_bf16(drafter)
+    return drafter
 
 
 def layer_config(hf: dict, path: Path) -> ModelConfig:
