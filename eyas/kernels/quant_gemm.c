@@ -448,6 +448,13 @@ static inline __attribute__((always_inline)) void rows(const int type, const int
     int64_t m = 0;
     for (; m + TILE_M <= m_len; m += TILE_M)
         tile(type, NB, TILE_M, x + m * ldx, ldx, nsub, w, rb, scratch->sc, pre, row_scale, out + m * ldo, ldo);
+#if TILE_M > 2
+    /* two rows left (a k = 1 verification, without the buffer): one pass, not two decodes of the tile */
+    if (m_len - m == 2) {
+        tile(type, NB, 2, x + m * ldx, ldx, nsub, w, rb, scratch->sc, pre, row_scale, out + m * ldo, ldo);
+        m += 2;
+    }
+#endif
     for (; m < m_len; m++)
         tile(type, NB, 1, x + m * ldx, ldx, nsub, w, rb, scratch->sc, pre, row_scale, out + m * ldo, ldo);
 }
