@@ -352,6 +352,22 @@ typedef struct {
 
 static inline __attribute__((always_inline)) void weights(const int type, const uint8_t *row, int64_t sb,
                                                         const float *sc, wsub_t *out) {
+#if defined(__AVX512F__)
+    /* Q4_0 / Q4_1: a 4-bit q takes 16 values, so the sub-block's 16 possible weights are made once, with
+       the same two roundings (s * q, then + o), and each weight is looked up by its nibble: one
+       permute instead of a convert, a multiply and an add per 16 weights. The same bits as below. */
+    if (type == Q4_0 || type == Q4_1) {
+        const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        __m512 q = type == Q4_0 ? _mm512_sub_ps(iota, _mm512_set1_ps(8.0f)) : iota;
+        __m512 table = _mm512_mul_ps(q, _mm512_set1_ps(sc[3 * sb]));
+        if (type == Q4_1) table = _mm512_add_ps(table, _mm512_set1_ps(sc[3 * sb + 2]));
+        __m512i n = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + sb * (type == Q4_0 ? 18 : 20)
+                                                                          + (type == Q4_0 ? 2 : 4))));
+        out->w[0] = (v16f)_mm512_permutexvar_ps(_mm512_and_si512(n, _mm512_set1_epi32(15)), table);
+        out->w[1] = (v16f)_mm512_permutexvar_ps(_mm512_srli_epi32(n, 4), table);
+        return;
+    }
+#endif
     sub_t d;
     decode(type, row, sb, sc, &d);
     for (int h = 0; h < 2; h++) {
