@@ -353,18 +353,36 @@ typedef struct {
 static inline __attribute__((always_inline)) void weights(const int type, const uint8_t *row, int64_t sb,
                                                         const float *sc, wsub_t *out) {
 #if defined(__AVX512F__)
-    /* Q4_0 / Q4_1: a 4-bit q takes 16 values, so the sub-block's 16 possible weights are made once, with
-       the same two roundings (s * q, then + o), and each weight is looked up by its nibble: one
-       permute instead of a convert, a multiply and an add per 16 weights. The same bits as below. */
-    if (type == Q4_0 || type == Q4_1) {
+    /* Q4_0, Q4_1, Q4_K (4-bit q) and Q5_K (5-bit q): a sub-block's 16 (32) possible weights are made once,
+       with the same two roundings (s * q, then + o), and each weight is looked up by its q: one permute
+       instead of a convert, a multiply and an add per 16 weights. The same bits as below. */
+    if (type == Q4_0 || type == Q4_1 || type == Q4_K || type == Q5_K) {
         const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        __m512 q = type == Q4_0 ? _mm512_sub_ps(iota, _mm512_set1_ps(8.0f)) : iota;
-        __m512 table = _mm512_mul_ps(q, _mm512_set1_ps(sc[3 * sb]));
-        if (type == Q4_1) table = _mm512_add_ps(table, _mm512_set1_ps(sc[3 * sb + 2]));
-        __m512i n = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(row + sb * (type == Q4_0 ? 18 : 20)
-                                                                          + (type == Q4_0 ? 2 : 4))));
-        out->w[0] = (v16f)_mm512_permutexvar_ps(_mm512_and_si512(n, _mm512_set1_epi32(15)), table);
-        out->w[1] = (v16f)_mm512_permutexvar_ps(_mm512_srli_epi32(n, 4), table);
+        const __m512 scale = _mm512_set1_ps(sc[3 * sb]), offset = _mm512_set1_ps(sc[3 * sb + 2]);
+        __m512 lo = _mm512_mul_ps(type == Q4_0 ? _mm512_sub_ps(iota, _mm512_set1_ps(8.0f)) : iota, scale);
+        __m512 hi = _mm512_mul_ps(_mm512_add_ps(iota, _mm512_set1_ps(16.0f)), scale);
+        if (has_offset(type)) {
+            lo = _mm512_add_ps(lo, offset);
+            hi = _mm512_add_ps(hi, offset);
+        }
+        v16i n[2];
+        if (type == Q4_0 || type == Q4_1) { /* one widening of the 16 bytes, nibbles split in the lanes */
+            v16i b = u8_to_i32(bytes16(row + sb * (type == Q4_0 ? 18 : 20) + (type == Q4_0 ? 2 : 4)));
+            n[0] = b & 15;
+            n[1] = b >> 4;
+        } else { /* the sub-block's 32 nibbles sit in 32 bytes: one widening per 16 */
+            const uint8_t *blk = row + sb / 8 * (type == Q4_K ? 144 : 176);
+            int j = sb % 8;
+            const uint8_t *qs = blk + (type == Q4_K ? 16 : 48) + 32 * (j / 2);
+            for (int h = 0; h < 2; h++) {
+                v16i q = u8_to_i32(bytes16(qs + 16 * h));
+                n[h] = (j & 1) ? q >> 4 : q & 15;
+                if (type == Q5_K) n[h] |= ((u8_to_i32(bytes16(blk + 16 + 16 * h)) >> j) & 1) << 4;
+            }
+        }
+        for (int h = 0; h < 2; h++)
+            out->w[h] = (v16f)(type == Q5_K ? _mm512_permutex2var_ps(lo, (__m512i)n[h], hi)
+                                            : _mm512_permutexvar_ps((__m512i)n[h], lo));
         return;
     }
 #endif
