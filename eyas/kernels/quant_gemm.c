@@ -431,13 +431,31 @@ static inline __attribute__((always_inline)) void weights(const int type, const 
 /* out[m, j] for j < NB weight rows (stride rb) and m < MB rows of x (stride ldx). The weight rows are
    decoded here (pre == NULL) or were decoded into pre[j * nsub + sb]: the values, and so the
    arithmetic, are the same either way. */
+#if defined(__AVX2__) && !defined(__AVX512F__)
+/* AVX2 accumulates each 16-lane sum as two native 8-lane halves (lane i of the pair is lane i of the
+   16-lane vector), so nothing is carried through memory; the arithmetic is the same lane for lane. */
+typedef v8f acc_t;
+#define GROUPS 2
+static inline acc_t acc_fma(const float *w, const float *x, acc_t c) {
+    v8f a, b;
+    memcpy(&a, w, sizeof a);
+    memcpy(&b, x, sizeof b);
+    return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+}
+#else
+typedef v16f acc_t;
+#define GROUPS 1
+#endif
+#define GROUP_LANES (16 / GROUPS)
+
 static inline __attribute__((always_inline)) void tile(const int type, const int NB, const int MB, const float *x,
                                                      int64_t ldx, int64_t nsub, const uint8_t *w, int64_t rb,
                                                      const float *sc, const wsub_t *pre, const float *row_scale,
                                                      float *out, int64_t ldo) {
-    v16f acc[TILE_N][TILE_M];
+    acc_t acc[TILE_N][TILE_M][GROUPS];
     for (int j = 0; j < NB; j++)
-        for (int m = 0; m < MB; m++) acc[j][m] = (v16f){0};
+        for (int m = 0; m < MB; m++)
+            for (int g = 0; g < GROUPS; g++) acc[j][m][g] = (acc_t){0};
     for (int64_t sb = 0; sb < nsub; sb++) {
         wsub_t fresh[TILE_N];
         const wsub_t *d[TILE_N];
@@ -450,13 +468,25 @@ static inline __attribute__((always_inline)) void tile(const int type, const int
             }
         }
         for (int m = 0; m < MB; m++) {
-            v16f x0 = load16(x + m * ldx + SUB * sb), x1 = load16(x + m * ldx + SUB * sb + 16);
-            for (int j = 0; j < NB; j++) acc[j][m] = fma16(d[j]->w[1], x1, fma16(d[j]->w[0], x0, acc[j][m]));
+            const float *xs = x + m * ldx + SUB * sb;
+#if GROUPS == 1
+            v16f x0 = load16(xs), x1 = load16(xs + 16);
+            for (int j = 0; j < NB; j++) acc[j][m][0] = fma16(d[j]->w[1], x1, fma16(d[j]->w[0], x0, acc[j][m][0]));
+#else
+            for (int j = 0; j < NB; j++) {
+                const float *w0 = (const float *)&d[j]->w[0], *w1 = (const float *)&d[j]->w[1];
+                for (int g = 0; g < GROUPS; g++)
+                    acc[j][m][g] = acc_fma(w1 + GROUP_LANES * g, xs + 16 + GROUP_LANES * g,
+                                           acc_fma(w0 + GROUP_LANES * g, xs + GROUP_LANES * g, acc[j][m][g]));
+            }
+#endif
         }
     }
     for (int j = 0; j < NB; j++)
         for (int m = 0; m < MB; m++) {
-            float s = lane_sum(acc[j][m]);
+            v16f whole;
+            memcpy(&whole, acc[j][m], sizeof whole);
+            float s = lane_sum(whole);
             out[m * ldo + j] = type == I8_ROW ? s * row_scale[j] : s;
         }
 }
