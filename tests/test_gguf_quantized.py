@@ -7,17 +7,17 @@ import dataclasses
 import gguf
 import numpy as np
 import pytest
-from kernel_helpers import without_c_compiler
 import torch
 from gguf.constants import GGMLQuantizationType
+from kernel_helpers import without_c_compiler
+from test_gguf import TINY_TOKENS, add_tiny_tokenizer
+from test_quant_kernels import random_weight
 
 from eyas import LLM, SamplingParams
 from eyas.config import EngineConfig, ModelConfig
 from eyas.model import quantized as Q
 from eyas.model.gguf import convert_gguf
 from eyas.model.loader import load_model
-from test_gguf import TINY_TOKENS, add_tiny_tokenizer
-from test_quant_kernels import random_weight
 
 pytestmark = pytest.mark.skipif(not Q.kernel_available(), reason="no C compiler: the quantized kernel cannot be built")
 

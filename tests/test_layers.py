@@ -4,9 +4,9 @@ batch- and thread-invariant where promised, and never a stale packed weight."""
 from __future__ import annotations
 
 import pytest
-from kernel_helpers import without_c_compiler
 import torch
 import torch.nn.functional as F
+from kernel_helpers import without_c_compiler
 
 from eyas.model import layers
 from eyas.model.layers import _EMULATED_HALF, Linear

@@ -5,9 +5,9 @@ thread- and batch-invariant; autograd and a machine without a C compiler take Py
 from __future__ import annotations
 
 import pytest
-from kernel_helpers import without_c_compiler
 import torch
 import torch.nn.functional as F
+from kernel_helpers import without_c_compiler
 
 from eyas.model import layers
 from eyas.model.layers import RMSNorm, RotaryEmbedding, apply_rotary, silu_and_mul

@@ -57,18 +57,13 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 typedef uint8_t v16u8 __attribute__((vector_size(16)));
 typedef int8_t v16i8 __attribute__((vector_size(16)));
 
-/* A 16-lane vector as two 8-lane halves, through memory of the same widths (a 32-byte store then a 32-byte
+/* A 16-lane vector from two 8-lane halves, through memory of the same widths (a 32-byte store then a 32-byte
    load of the same place forwards). __builtin_shufflevector between 8 and 16 lanes is lowered on AVX2 into
    one scalar store per lane and a reload that cannot forward: the AVX2 build ran 20x slower than AVX512. */
 static inline v16f cat8(v8f lo, v8f hi) {
     v16f r;
     memcpy(&r, &lo, sizeof lo);
     memcpy((char *)&r + sizeof lo, &hi, sizeof hi);
-    return r;
-}
-static inline v8f half8(v16f v, int h) {
-    v8f r;
-    memcpy(&r, (const char *)&v + sizeof r * h, sizeof r);
     return r;
 }
 
@@ -196,10 +191,6 @@ static void halves_to_floats(const uint16_t *h, float *f, int64_t n) {
 static inline v16f fma16(v16f a, v16f b, v16f c) {
 #if defined(__AVX512F__)
     return (v16f)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
-#elif defined(__AVX2__) && defined(__FMA__)
-    v8f lo = (v8f)_mm256_fmadd_ps((__m256)half8(a, 0), (__m256)half8(b, 0), (__m256)half8(c, 0));
-    v8f hi = (v8f)_mm256_fmadd_ps((__m256)half8(a, 1), (__m256)half8(b, 1), (__m256)half8(c, 1));
-    return cat8(lo, hi);
 #else
     v16f r;
     for (int i = 0; i < 16; i++) r[i] = fmaf(a[i], b[i], c[i]);
@@ -431,7 +422,7 @@ static inline __attribute__((always_inline)) void weights(const int type, const 
 /* out[m, j] for j < NB weight rows (stride rb) and m < MB rows of x (stride ldx). The weight rows are
    decoded here (pre == NULL) or were decoded into pre[j * nsub + sb]: the values, and so the
    arithmetic, are the same either way. */
-#if defined(__AVX2__) && !defined(__AVX512F__)
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 /* AVX2 accumulates each 16-lane sum as two native 8-lane halves (lane i of the pair is lane i of the
    16-lane vector), so nothing is carried through memory; the arithmetic is the same lane for lane. */
 typedef v8f acc_t;

@@ -19,8 +19,7 @@ from safetensors import safe_open
 
 from eyas.config import ModelConfig
 from eyas.model.layers import Linear, RotaryEmbedding
-from eyas.model.quantized import (KERNEL_ALIGN, Arena, QuantEmbedding, QuantLinear, QuantWeight, quantize_int8,
-                                  to_bf16)
+from eyas.model.quantized import KERNEL_ALIGN, Arena, QuantEmbedding, QuantLinear, QuantWeight, quantize_int8, to_bf16
 from eyas.model.registry import model_class
 
 
@@ -139,10 +138,7 @@ def linears_to_bf16(model: torch.nn.Module, shared: dict[int, QuantWeight] | Non
                if isinstance(m, Linear) and m.in_features % KERNEL_ALIGN == 0]
     arena = Arena(2 * sum(m.weight.numel() for _, m in linears if id(m.weight) not in shared))
     for path, module in linears:
-        weight = shared.get(id(module.weight))
-        if weight is None:
-            made = to_bf16(module.weight)
-            weight = QuantWeight(arena.take(*made.data.shape).copy_(made.data), made.fmt, made.in_features)
+        weight = shared.get(id(module.weight)) or to_bf16(module.weight, arena)
         bias = None if module.bias is None else module.bias.detach()
         model.set_submodule(path, QuantLinear([weight], bias))
 

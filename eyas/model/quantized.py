@@ -2,8 +2,9 @@
 
 A ``QuantWeight`` is an ``[N, K]`` matrix held as ``N`` rows of its format's bytes: the GGUF block
 layouts for GGML types (the file's bytes, unchanged), ``BF16`` rows made at load time from float
-weights, and ``I8_ROW``, per-output-channel int8 made at load time. ``QuantLinear`` and ``QuantEmbedding`` stand in for ``Linear`` and ``nn.Embedding``;
-activations stay float32 (a bfloat16 input is widened, the output rounded back).
+weights, and ``I8_ROW``, per-output-channel int8 made at load time. ``QuantLinear`` and
+``QuantEmbedding`` stand in for ``Linear`` and ``nn.Embedding``; activations stay float32 (a bfloat16
+input is widened, the output rounded back).
 
 The products run in ``eyas/kernels/quant_gemm.c``, built for the best instruction set the CPU has
 (``eyas.kernels.cpu_isa``): every output is summed in one fixed order, so a row's result does not
@@ -86,10 +87,12 @@ class Arena:
         return self.buffer[start:self.used].view(rows, row_bytes)
 
 
-def to_bf16(weight: torch.Tensor) -> QuantWeight:
-    """The weight rounded to bfloat16 (round to nearest even), held as BF16 rows."""
-    w = weight.detach().to(torch.bfloat16).contiguous()
-    return QuantWeight(w.view(torch.uint8), FORMATS["BF16"], w.shape[1])
+def to_bf16(weight: torch.Tensor, arena: Arena | None = None) -> QuantWeight:
+    """The [N, K] weight rounded to bfloat16 (round to nearest even), held as BF16 rows (in ``arena`` when given)."""
+    rows, k = weight.shape
+    data = torch.empty(rows, 2 * k, dtype=torch.uint8) if arena is None else arena.take(rows, 2 * k)
+    data.view(torch.bfloat16).copy_(weight.detach())
+    return QuantWeight(data, FORMATS["BF16"], k)
 
 
 def quantize_int8(weight: torch.Tensor) -> QuantWeight:
