@@ -177,17 +177,6 @@ static inline v16f bf16_to_f(const uint8_t *p) {
     return v;
 }
 
-/* n float16 values -> floats, 16 (or 8) at a time where the CPU converts vectors */
-static void halves_to_floats(const uint16_t *h, float *f, int64_t n) {
-    int64_t i = 0;
-#if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(f + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i))));
-#elif defined(__F16C__)
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
-#endif
-    for (; i < n; i++) f[i] = half_to_float((const uint8_t *)(h + i));
-}
-
 static inline v16f fma16(v16f a, v16f b, v16f c) {
 #if defined(__AVX512F__)
     return (v16f)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
@@ -249,19 +238,30 @@ typedef struct {
     float s[2], o;
 } __attribute__((aligned(64))) sub_t;
 
-/* The scales and offsets of one row, as floats, sc[3 * sb + {0, 1, 2}] = s[0], s[1], o of sub-block sb:
-   gathered before the row is decoded, so the hot loop loads them (a broadcast from memory) instead of
-   converting a float16 per sub-block on the shuffle port. hs, hf: scratch of 2 * nsub. */
-static void row_scales(const int type, const uint8_t *row, int64_t nsub, float *sc, uint16_t *hs, float *hf) {
+/* The scales and offsets of one row as floats, in three planes of nsub: sc[sb] = s[0], sc[nsub + sb] = o and
+   sc[2 * nsub + sb] = s[1] of sub-block sb (s[1] is Q6_K's own; the other formats use s[0] for both halves).
+   Gathered before the row is decoded, so the hot loop loads them (a broadcast from memory) instead of
+   converting a float16 per sub-block on the shuffle port. */
+static void row_scales(const int type, const uint8_t *row, int64_t nsub, float *sc) {
+    float *scale = sc, *offset = sc + nsub, *scale1 = sc + 2 * nsub;
     switch (type) {
     case Q4_0: case Q4_1: case Q8_0: {
-        int64_t bb = type == Q4_0 ? 18 : type == Q4_1 ? 20 : 34;
-        int per = type == Q4_1 ? 2 : 1; /* d, and Q4_1's m */
-        for (int64_t b = 0; b < nsub; b++) memcpy(hs + per * b, row + b * bb, 2 * per);
-        halves_to_floats(hs, hf, per * nsub);
-        for (int64_t b = 0; b < nsub; b++) {
-            sc[3 * b] = sc[3 * b + 1] = hf[per * b];
-            sc[3 * b + 2] = per == 2 ? hf[2 * b + 1] : 0.0f;
+        int64_t bb = type == Q4_0 ? 18 : type == Q4_1 ? 20 : 34, b = 0;
+#if defined(__AVX512F__)
+        /* 16 blocks at a time: one gather of each block's first 4 bytes (d, and Q4_1's m), split into halves */
+        const __m512i at = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                              _mm512_set1_epi32((int)bb));
+        for (; b < nsub; b += 16) {
+            __mmask16 live = nsub - b >= 16 ? 0xffff : (__mmask16)((1u << (nsub - b)) - 1);
+            __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, at, row + b * bb, 1);
+            _mm512_mask_storeu_ps(scale + b, live, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)));
+            _mm512_mask_storeu_ps(offset + b, live, type == Q4_1 ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)))
+                                                                 : _mm512_setzero_ps());
+        }
+#endif
+        for (; b < nsub; b++) {
+            scale[b] = half_to_float(row + b * bb);
+            offset[b] = type == Q4_1 ? half_to_float(row + b * bb + 2) : 0.0f;
         }
         return;
     }
@@ -270,11 +270,10 @@ static void row_scales(const int type, const uint8_t *row, int64_t nsub, float *
             const uint8_t *blk = row + b * (type == Q4_K ? 144 : 176);
             float d = half_to_float(blk), dmin = half_to_float(blk + 2);
             for (int j = 0; j < 8; j++) {
-                int scale, min;
-                k_scale_min(blk + 4, j, &scale, &min);
-                float *out = sc + 3 * (8 * b + j);
-                out[0] = out[1] = d * (float)scale;
-                out[2] = -(dmin * (float)min);
+                int sc6, min6;
+                k_scale_min(blk + 4, j, &sc6, &min6);
+                scale[8 * b + j] = d * (float)sc6;
+                offset[8 * b + j] = -(dmin * (float)min6);
             }
         }
         return;
@@ -282,12 +281,11 @@ static void row_scales(const int type, const uint8_t *row, int64_t nsub, float *
         for (int64_t b = 0; b < nsub / 8; b++) {
             const uint8_t *blk = row + b * 210;
             float d = half_to_float(blk + 208);
-            const int8_t *scale = (const int8_t *)(blk + 192);
+            const int8_t *sc8 = (const int8_t *)(blk + 192);
             for (int g = 0; g < 8; g++) {
-                float *out = sc + 3 * (8 * b + g);
-                out[0] = d * (float)scale[2 * g];
-                out[1] = d * (float)scale[2 * g + 1];
-                out[2] = 0.0f;
+                scale[8 * b + g] = d * (float)sc8[2 * g];
+                scale1[8 * b + g] = d * (float)sc8[2 * g + 1];
+                offset[8 * b + g] = 0.0f;
             }
         }
         return;
@@ -296,11 +294,11 @@ static void row_scales(const int type, const uint8_t *row, int64_t nsub, float *
 
 /* the integers (or float values) of sub-block sb, with its scales and offset from row_scales */
 static inline __attribute__((always_inline)) void decode(const int type, const uint8_t *row, int64_t sb,
-                                                       const float *sc, sub_t *d) {
+                                                       int64_t nsub, const float *sc, sub_t *d) {
     if (type != F16 && type != BF16 && type != I8_ROW) {
-        d->s[0] = sc[3 * sb];
-        d->s[1] = sc[3 * sb + 1];
-        d->o = sc[3 * sb + 2];
+        d->s[0] = sc[sb];
+        d->s[1] = type == Q6_K ? sc[2 * nsub + sb] : d->s[0];
+        d->o = sc[nsub + sb];
     }
     switch (type) {
     case F16:
@@ -376,14 +374,14 @@ typedef struct {
 } wsub_t;
 
 static inline __attribute__((always_inline)) void weights(const int type, const uint8_t *row, int64_t sb,
-                                                        const float *sc, wsub_t *out) {
+                                                        int64_t nsub, const float *sc, wsub_t *out) {
 #if defined(__AVX512F__)
     /* Q4_0, Q4_1, Q4_K (4-bit q) and Q5_K (5-bit q): a sub-block's 16 (32) possible weights are made once,
        with the same two roundings (s * q, then + o), and each weight is looked up by its q: one permute
        instead of a convert, a multiply and an add per 16 weights. The same bits as below. */
     if (type == Q4_0 || type == Q4_1 || type == Q4_K || type == Q5_K) {
         const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        const __m512 scale = _mm512_set1_ps(sc[3 * sb]), offset = _mm512_set1_ps(sc[3 * sb + 2]);
+        const __m512 scale = _mm512_set1_ps(sc[sb]), offset = _mm512_set1_ps(sc[nsub + sb]);
         __m512 lo = _mm512_mul_ps(type == Q4_0 ? _mm512_sub_ps(iota, _mm512_set1_ps(8.0f)) : iota, scale);
         __m512 hi = _mm512_mul_ps(_mm512_add_ps(iota, _mm512_set1_ps(16.0f)), scale);
         if (has_offset(type)) {
@@ -393,7 +391,7 @@ static inline __attribute__((always_inline)) void weights(const int type, const 
         v16i n[2];
         if (type == Q4_0 || type == Q4_1) { /* one widening of the 16 bytes, nibbles split in the lanes */
             v16i b = u8_to_i32(bytes16(row + sb * (type == Q4_0 ? 18 : 20) + (type == Q4_0 ? 2 : 4)));
-            n[0] = b & 15;
+            n[0] = b; /* vpermps reads an index's low 4 bits: here the low nibble, unmasked */
             n[1] = b >> 4;
         } else { /* the sub-block's 32 nibbles sit in 32 bytes: one widening per 16 */
             const uint8_t *blk = row + sb / 8 * (type == Q4_K ? 144 : 176);
@@ -401,7 +399,7 @@ static inline __attribute__((always_inline)) void weights(const int type, const 
             const uint8_t *qs = blk + (type == Q4_K ? 16 : 48) + 32 * (j / 2);
             for (int h = 0; h < 2; h++) {
                 v16i q = u8_to_i32(bytes16(qs + 16 * h));
-                n[h] = (j & 1) ? q >> 4 : q & 15;
+                n[h] = (j & 1) ? q >> 4 : type == Q5_K ? q & 15 : q; /* Q4_K: the low nibble unmasked, as above */
                 if (type == Q5_K) n[h] |= ((u8_to_i32(bytes16(blk + 16 + 16 * h)) >> j) & 1) << 4;
             }
         }
@@ -412,7 +410,7 @@ static inline __attribute__((always_inline)) void weights(const int type, const 
     }
 #endif
     sub_t d;
-    decode(type, row, sb, sc, &d);
+    decode(type, row, sb, nsub, sc, &d);
     for (int h = 0; h < 2; h++) {
         v16f w = (type == F16 || type == BF16 || type == I8_ROW) ? d.q[h] : d.q[h] * splat(d.s[h]);
         out->w[h] = has_offset(type) ? w + splat(d.o) : w;
@@ -454,7 +452,7 @@ static inline __attribute__((always_inline)) void tile(const int type, const int
             if (pre) {
                 d[j] = pre + j * nsub + sb;
             } else {
-                weights(type, w + j * rb, sb, sc + j * 3 * nsub, &fresh[j]);
+                weights(type, w + j * rb, sb, nsub, sc + j * 3 * nsub, &fresh[j]);
                 d[j] = &fresh[j];
             }
         }
@@ -482,26 +480,21 @@ static inline __attribute__((always_inline)) void tile(const int type, const int
         }
 }
 
-/* a thread's working memory: decoded tile (row counts past TILE_M), row scales, float16 scratch */
+/* a thread's working memory: decoded tile (row counts past TILE_M), row scales */
 typedef struct {
     wsub_t *buf;
-    float *sc, *hf;
-    uint16_t *hs;
+    float *sc;
 } scratch_t;
 
 static int scratch_alloc(scratch_t *s, int64_t nsub, int tile) {
     s->buf = tile ? aligned_alloc(64, sizeof(wsub_t) * TILE_N * nsub) : NULL;
     s->sc = malloc(sizeof(float) * 3 * TILE_N * nsub);
-    s->hf = malloc(sizeof(float) * 2 * nsub);
-    s->hs = malloc(sizeof(uint16_t) * 2 * nsub);
-    return (tile && !s->buf) || !s->sc || !s->hf || !s->hs;
+    return (tile && !s->buf) || !s->sc;
 }
 
 static void scratch_free(scratch_t *s) {
     free(s->buf);
     free(s->sc);
-    free(s->hf);
-    free(s->hs);
 }
 
 /* Ask for the weight bytes [from, to) ahead of their use, with a hint to keep them in every cache level
@@ -513,25 +506,30 @@ static inline void prefetch(const uint8_t *from, const uint8_t *to) {
 /* NB weight rows against all rows of x, TILE_M at a time. A few rows decode the weights as they go
    (each weight byte is read once either way); more rows decode the tile once into buf and reuse it.
 
-   Row j of the next tile (next_rows of them; rb bytes each after w's rows) is prefetched as row j of
-   this one has its scales gathered: decoding otherwise stalls on the first touch of every cache line
-   (in row_scales, which reads each block's scales first). With the hardware prefetcher alone a
-   batch-1 decode step's 121 products took 13.3 ms, with this 10.9 ms (1 thread, SmolLM2-135M's Q4_1
-   layers and Q8_0 head streamed from memory, medians of 5 interleaved runs). Prefetching the whole
-   next tile at once gained half of that: the prefetches stalled on the full line-fill buffers. */
+   Row j of the tile PREFETCH_TILES ahead (of the next_rows rows after this tile; rb bytes each) is
+   prefetched as row j of this one has its scales gathered: decoding otherwise stalls on the first
+   touch of every cache line (in row_scales, which reads each block's scales first). With the hardware
+   prefetcher alone a batch-1 decode step's 121 products took 13.3 ms, with the next tile prefetched
+   10.9 ms (1 thread, SmolLM2-135M's Q4_1 layers and Q8_0 head streamed from memory, medians of 5
+   interleaved runs). Prefetching the whole next tile at once gained half of that: the prefetches
+   stalled on the full line-fill buffers. One tile ahead is about 150 ns of decoding at one row, about
+   a memory latency; two tiles ahead took the engine's batch-1 step from 15.3 to 13.7-14.1 ms (1
+   thread) and 9.2 to 8.6 ms (2 threads). */
+#define PREFETCH_TILES 2
 static inline __attribute__((always_inline)) void rows(const int type, const int NB, const float *x, int64_t ldx,
                                                      int64_t m_len, int64_t nsub, const uint8_t *w, int64_t rb,
                                                      int64_t next_rows, scratch_t *scratch, const float *row_scale,
                                                      float *out, int64_t ldo) {
     for (int j = 0; j < NB; j++) {
-        if (j < next_rows) prefetch(w + (NB + j) * rb, w + (NB + j + 1) * rb);
-        row_scales(type, w + j * rb, nsub, scratch->sc + j * 3 * nsub, scratch->hs, scratch->hf);
+        int64_t ahead = (PREFETCH_TILES - 1) * NB + j; /* its index among the next_rows rows after this tile */
+        if (ahead < next_rows) prefetch(w + (NB + ahead) * rb, w + (NB + ahead + 1) * rb);
+        row_scales(type, w + j * rb, nsub, scratch->sc + j * 3 * nsub);
     }
     const wsub_t *pre = NULL;
     if (m_len > TILE_M) {
         for (int j = 0; j < NB; j++)
             for (int64_t sb = 0; sb < nsub; sb++)
-                weights(type, w + j * rb, sb, scratch->sc + j * 3 * nsub, &scratch->buf[j * nsub + sb]);
+                weights(type, w + j * rb, sb, nsub, scratch->sc + j * 3 * nsub, &scratch->buf[j * nsub + sb]);
         pre = scratch->buf;
     }
     int64_t m = 0;
@@ -630,19 +628,19 @@ int eyas_quant_rows(const uint8_t *weight, int type, const float *row_scale, con
     for (int64_t i = 0; i < count; i++) {
         if (failed) continue;
         const uint8_t *row = weight + rows_[i] * rb;
-        row_scales(type, row, nsub, scratch.sc, scratch.hs, scratch.hf);
+        row_scales(type, row, nsub, scratch.sc);
         for (int64_t sb = 0; sb < nsub; sb++) {
             wsub_t d = {0};
             switch (type) { /* inlined per format */
-            case F16: weights(F16, row, sb, scratch.sc, &d); break;
-            case BF16: weights(BF16, row, sb, scratch.sc, &d); break;
-            case I8_ROW: weights(I8_ROW, row, sb, scratch.sc, &d); break;
-            case Q4_0: weights(Q4_0, row, sb, scratch.sc, &d); break;
-            case Q4_1: weights(Q4_1, row, sb, scratch.sc, &d); break;
-            case Q8_0: weights(Q8_0, row, sb, scratch.sc, &d); break;
-            case Q4_K: weights(Q4_K, row, sb, scratch.sc, &d); break;
-            case Q5_K: weights(Q5_K, row, sb, scratch.sc, &d); break;
-            case Q6_K: weights(Q6_K, row, sb, scratch.sc, &d); break;
+            case F16: weights(F16, row, sb, nsub, scratch.sc, &d); break;
+            case BF16: weights(BF16, row, sb, nsub, scratch.sc, &d); break;
+            case I8_ROW: weights(I8_ROW, row, sb, nsub, scratch.sc, &d); break;
+            case Q4_0: weights(Q4_0, row, sb, nsub, scratch.sc, &d); break;
+            case Q4_1: weights(Q4_1, row, sb, nsub, scratch.sc, &d); break;
+            case Q8_0: weights(Q8_0, row, sb, nsub, scratch.sc, &d); break;
+            case Q4_K: weights(Q4_K, row, sb, nsub, scratch.sc, &d); break;
+            case Q5_K: weights(Q5_K, row, sb, nsub, scratch.sc, &d); break;
+            case Q6_K: weights(Q6_K, row, sb, nsub, scratch.sc, &d); break;
             }
             for (int h = 0; h < 2; h++) {
                 v16f w = type == I8_ROW ? d.w[h] * row_scale[rows_[i]] : d.w[h];
