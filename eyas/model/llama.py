@@ -6,6 +6,8 @@ requests; the attention layers find their per-batch metadata in the forward cont
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice
 
@@ -14,6 +16,7 @@ from torch import nn
 
 from eyas.config import ModelConfig
 from eyas.model.forward_context import get_forward_context
+from eyas.model.fused_decoder import FusedDecoder
 from eyas.model.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary
 
 
@@ -79,6 +82,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
+        self._fused: tuple[tuple[int, ...] | None, FusedDecoder | None] = (None, None)  # (KV cache addresses, plan)
 
     def set_aux_layer_ids(self, aux_layer_ids: tuple[int, ...]) -> None:
         """Which residual streams ``forward`` hands back as aux hidden states (vLLM convention)."""
@@ -105,16 +109,38 @@ class LlamaForCausalLM(nn.Module):
         """
         h = self.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.rotary.table(positions, h.dtype)
-        aux = {}
-        # islice, not self.layers[:n]: slicing a ModuleList builds a new one (30 add_module calls per step)
-        for i, layer in enumerate(islice(self.layers, num_layers)):
-            if i in self.aux_layer_ids:
-                aux[i] = h
-            h = layer(h, cos, sin)
+        run = self._layer_runner(h)
+        end = len(self.layers) if num_layers is None else min(num_layers, len(self.layers))
+        aux, done = {}, 0
+        for i in sorted(set(self.aux_layer_ids)):
+            if i >= end:
+                break
+            h = run(h, cos, sin, done, i)
+            aux[i], done = h, i
+        h = run(h, cos, sin, done, end)
         if len(self.layers) in self.aux_layer_ids:
             aux[len(self.layers)] = h
         aux_hidden = torch.stack([aux[i] for i in self.aux_layer_ids if i in aux], dim=1) if aux else None
         return ModelOutput(hidden=self.norm(h), aux_hidden=aux_hidden)
+
+    def _layer_runner(self, h: torch.Tensor) -> Callable[..., torch.Tensor]:
+        """``run(h, cos, sin, start, stop)`` -> h after layers [start, stop): one C call where the layers'
+        kernels allow it (``fused_decoder.py``; the plan is made once per set of KV caches), else module by module."""
+        if h.is_cpu:
+            caches = tuple(0 if a.kv_cache is None else a.kv_cache.data_ptr() for a in self.attention_layers())
+            if self._fused[0] != caches:
+                self._fused = caches, FusedDecoder.build(self.layers)
+            fused = self._fused[1]
+            meta = None if fused is None else fused.metadata(h)
+            if meta is not None:
+                return functools.partial(fused.run, meta=meta)
+        return self._run_modules
+
+    def _run_modules(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        # islice, not self.layers[a:b]: slicing a ModuleList builds a new one (30 add_module calls per step)
+        for layer in islice(self.layers, start, stop):
+            h = layer(h, cos, sin)
+        return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, hidden] -> logits [N, vocab] in float32."""
