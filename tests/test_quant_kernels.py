@@ -80,7 +80,9 @@ def test_blocks_of_32_need_no_multiple_of_256(fmt):
 
 @pytest.mark.parametrize("fmt", GGML_FORMATS)
 def test_row_results_do_not_depend_on_batch_or_threads(fmt):
-    weight, _ = random_weight(fmt, 19, 512)
+    # 263 weight rows: several panels per thread and a partial tile when all 300 rows come at once (x over the
+    # kernel's PANEL_MIN_X_BYTES), tile by tile for a few rows
+    weight, _ = random_weight(fmt, 263, 512)
     x = torch.randn(300, 512, generator=torch.Generator().manual_seed(3))
     threads = torch.get_num_threads()
     try:
@@ -96,21 +98,22 @@ def test_row_results_do_not_depend_on_batch_or_threads(fmt):
     # as one part of a fused weight whose other part is in another format: each fills its own columns
     other = random_weight("Q4_0" if fmt == "Q8_0" else "Q8_0", 6, 512, seed=4)[0]
     fused = Q.QuantLinear.stacked([weight, other])(x)
-    assert torch.equal(fused[:, :19], full) and torch.equal(fused[:, 19:], product(x, other))
+    assert torch.equal(fused[:, :263], full) and torch.equal(fused[:, 263:], product(x, other))
 
 
 @pytest.mark.parametrize("isa", kernels.supported_isas())
 def test_every_instruction_set_gives_the_same_bits(isa, monkeypatch):
-    """Each build this CPU runs (forced with EYAS_CPU_ISA) equals the default one exactly."""
+    """Each build this CPU runs (forced with EYAS_CPU_ISA) equals the default one exactly, for a few rows (tile
+    by tile) and for 300 (panels)."""
     weights = {fmt: random_weight(fmt, 9, 512, seed=1)[0] for fmt in GGML_FORMATS}
     weights["I8_ROW"] = Q.quantize_int8(torch.randn(9, 512))
-    x = torch.randn(7, 512)
-    expected = {fmt: product(x, w) for fmt, w in weights.items()}
+    xs = torch.randn(7, 512), torch.randn(300, 512)
+    expected = {fmt: [product(x, w) for x in xs] for fmt, w in weights.items()}
     dense = {fmt: Q.dequantize(w) for fmt, w in weights.items()}
     monkeypatch.setenv("EYAS_CPU_ISA", isa)
     assert kernels.cpu_isa() == isa
     for fmt, w in weights.items():
-        assert torch.equal(product(x, w), expected[fmt]), (isa, fmt)
+        assert all(torch.equal(product(x, w), e) for x, e in zip(xs, expected[fmt])), (isa, fmt)
         assert torch.equal(Q.dequantize(w), dense[fmt]), (isa, fmt)
 
 
