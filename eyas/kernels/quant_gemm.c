@@ -41,7 +41,7 @@ enum { F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, B
 
 #if defined(__AVX512F__)
 #define TILE_N 4
-#define TILE_M 3 /* 12 accumulators + 8 decoded weight vectors + x, of 32 zmm registers */
+#define TILE_M 4 /* 16 accumulators + 8 decoded weight vectors + x, of 32 zmm registers */
 #elif defined(__AVX2__)
 #define TILE_N 2
 #define TILE_M 2 /* a 16-lane vector is two ymm registers: 8 accumulator + 8 weight registers of 16 */
@@ -502,6 +502,24 @@ static inline __attribute__((always_inline)) void tile(const int type, const int
         }
 }
 
+/* tile() over mb <= TILE_M rows of x in one pass (the rows left after whole groups too: a k = 1 or k = 2
+   verification without the buffer decodes the tile once, not once per row) */
+static inline __attribute__((always_inline)) void tile_rows(const int type, const int NB, int64_t mb, const float *x,
+                                                          int64_t ldx, int64_t nsub, const uint8_t *w, int64_t rb,
+                                                          const float *sc, const wsub_t *pre, const float *row_scale,
+                                                          float *out, int64_t ldo) {
+    switch (mb) {
+    case TILE_M: tile(type, NB, TILE_M, x, ldx, nsub, w, rb, sc, pre, row_scale, out, ldo); break;
+#if TILE_M > 3
+    case 3: tile(type, NB, 3, x, ldx, nsub, w, rb, sc, pre, row_scale, out, ldo); break;
+#endif
+#if TILE_M > 2
+    case 2: tile(type, NB, 2, x, ldx, nsub, w, rb, sc, pre, row_scale, out, ldo); break;
+#endif
+    default: tile(type, NB, 1, x, ldx, nsub, w, rb, sc, pre, row_scale, out, ldo); /* one row */
+    }
+}
+
 /* a thread's working memory: decoded tile (row counts past TILE_M), row scales */
 typedef struct {
     wsub_t *buf;
@@ -567,18 +585,9 @@ static inline __attribute__((always_inline)) void rows(const int type, const int
                 weights(type, w + j * rb, sb, nsub, scratch->sc + j * 3 * nsub, &scratch->buf[j * nsub + sb]);
         pre = scratch->buf;
     }
-    int64_t m = 0;
-    for (; m + TILE_M <= m_len; m += TILE_M)
-        tile(type, NB, TILE_M, x + m * ldx, ldx, nsub, w, rb, scratch->sc, pre, row_scale, out + m * ldo, ldo);
-#if TILE_M > 2
-    /* two rows left (a k = 1 verification, without the buffer): one pass, not two decodes of the tile */
-    if (m_len - m == 2) {
-        tile(type, NB, 2, x + m * ldx, ldx, nsub, w, rb, scratch->sc, pre, row_scale, out + m * ldo, ldo);
-        m += 2;
-    }
-#endif
-    for (; m < m_len; m++)
-        tile(type, NB, 1, x + m * ldx, ldx, nsub, w, rb, scratch->sc, pre, row_scale, out + m * ldo, ldo);
+    for (int64_t m = 0; m < m_len; m += TILE_M)
+        tile_rows(type, NB, m_len - m < TILE_M ? m_len - m : TILE_M, x + m * ldx, ldx, nsub, w, rb, scratch->sc, pre,
+                  row_scale, out + m * ldo, ldo);
 }
 
 /* Many rows (prefill, batches): a panel of np tiles (np * TILE_N weight rows) is decoded into buf once,
@@ -601,15 +610,7 @@ static inline __attribute__((always_inline)) void panel(const int type, int64_t 
             const wsub_t *pre = scratch->buf + p * TILE_N * nsub;
             const float *rs = row_scale ? row_scale + p * TILE_N : NULL;
             float *o = out + m * ldo + p * TILE_N;
-            if (mb == TILE_M)
-                tile(type, TILE_N, TILE_M, x + m * ldx, ldx, nsub, NULL, rb, NULL, pre, rs, o, ldo);
-#if TILE_M > 2
-            else if (mb == 2)
-                tile(type, TILE_N, 2, x + m * ldx, ldx, nsub, NULL, rb, NULL, pre, rs, o, ldo);
-#endif
-            else
-                for (int64_t r = 0; r < mb; r++)
-                    tile(type, TILE_N, 1, x + (m + r) * ldx, ldx, nsub, NULL, rb, NULL, pre, rs, o + r * ldo, ldo);
+            tile_rows(type, TILE_N, mb, x + m * ldx, ldx, nsub, NULL, rb, NULL, pre, rs, o, ldo);
         }
     }
 }
