@@ -61,6 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eyas-modes", default="", help="extra eyas weight formats beside the default: int8,none")
     p.add_argument("--skip-llama", action="store_true")
     p.add_argument("--skip-vllm", action="store_true")
+    p.add_argument("--ngram-k", type=int, default=8, help="n-gram draft length in the speculation table "
+                   "(llama.cpp's prompt lookup drafts up to 10 at its default)")
     p.add_argument("--skip-spec", action="store_true", help="no n-gram speculation table")
     return p.parse_args(argv)
 
@@ -216,7 +218,7 @@ def main(argv=None) -> int:
     for threads in args.threads:
         for method in (None, "ngram"):
             llm = LLM(str(gguf), num_threads=threads, kv_cache_gb=0.5, enable_prefix_caching=False,
-                      speculative_config={"method": "ngram"} if method else None)
+                      speculative_config={"method": "ngram", "num_speculative_tokens": args.ngram_k} if method else None)
             copy = render(llm, copy_prompts(args.batch1_prompts))
             tps, _ = time_eyas(llm, copy, args.max_tokens, 1, args.batch1_prompts)
             spec_rows.append((f"eyas {'ngram' if method else 'no speculation'}", threads, tps))
