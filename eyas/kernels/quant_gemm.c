@@ -20,8 +20,10 @@
    One arithmetic for every row count. Threads split the output rows into tiles of TILE_N weight
    rows (static split), computed TILE_M rows of x at a time with TILE_N x TILE_M accumulators in
    registers. Up to TILE_M rows (decode, short verification chains) decode the weights in
-   registers as they stream by; more rows (prefill, batches) decode each tile once into a per-thread
-   buffer and reuse it for every row group. Both read the same decoded values in the same order.
+   registers as they stream by; more rows (batches) decode each tile once into a per-thread buffer
+   and reuse it for every row group, and inputs too large for L2 (prefill) decode a panel of tiles
+   at a time and sweep each row group across it (see panel()). All read the same decoded values in
+   the same order.
 
    Every output element is one 16-lane accumulator summed over k in order with exactly rounded
    fused multiply-adds, reduced in one fixed tree: the result does not depend on the thread count,
