@@ -522,7 +522,13 @@ static inline __attribute__((always_inline)) void tile_rows(const int type, cons
     }
 }
 
-/* a thread's working memory: decoded tile (row counts past TILE_M), row scales */
+/* a weight row decoded into buf [nsub], from its scales sc (row_scales) */
+static inline __attribute__((always_inline)) void decode_row(const int type, const uint8_t *row, int64_t nsub,
+                                                           const float *sc, wsub_t *buf) {
+    for (int64_t sb = 0; sb < nsub; sb++) weights(type, row, sb, nsub, sc, &buf[sb]);
+}
+
+/* a thread's working memory: decoded tiles (row counts past TILE_M: one tile, or a panel), row scales */
 typedef struct {
     wsub_t *buf;
     float *sc;
@@ -583,8 +589,7 @@ static inline __attribute__((always_inline)) void rows(const int type, const int
     const wsub_t *pre = NULL;
     if (m_len > TILE_M) {
         for (int j = 0; j < NB; j++)
-            for (int64_t sb = 0; sb < nsub; sb++)
-                weights(type, w + j * rb, sb, nsub, scratch->sc + j * 3 * nsub, &scratch->buf[j * nsub + sb]);
+            decode_row(type, w + j * rb, nsub, scratch->sc + j * 3 * nsub, scratch->buf + j * nsub);
         pre = scratch->buf;
     }
     for (int64_t m = 0; m < m_len; m += TILE_M)
@@ -603,8 +608,7 @@ static inline __attribute__((always_inline)) void panel(const int type, int64_t 
                                                       int64_t ldo) {
     for (int64_t j = 0; j < np * TILE_N; j++) {
         row_scales(type, w + j * rb, nsub, scratch->sc);
-        for (int64_t sb = 0; sb < nsub; sb++)
-            weights(type, w + j * rb, sb, nsub, scratch->sc, &scratch->buf[j * nsub + sb]);
+        decode_row(type, w + j * rb, nsub, scratch->sc, scratch->buf + j * nsub);
     }
     for (int64_t m = 0; m < m_len; m += TILE_M) {
         int64_t mb = m_len - m < TILE_M ? m_len - m : TILE_M;

@@ -59,8 +59,8 @@ def _linear_words(linear) -> list[int] | None:
     if not isinstance(linear, QuantLinear) or linear.bias is not None or len(linear.parts) > _PARTS_MAX:
         return None
     words = []
-    for (w_ptr, type_id, scale_ptr, _, n) in linear._calls:
-        words += [_address(linear._gemm), w_ptr, type_id, scale_ptr or 0, n]
+    for (w_ptr, type_id, scale_ptr, _, n) in linear.calls:
+        words += [_address(linear.gemm), w_ptr, type_id, scale_ptr or 0, n]
     return words + [0] * (_PARTS_MAX * _PART_WORDS - len(words))
 
 
@@ -121,9 +121,9 @@ class FusedDecoder:
     def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, stop: int,
             meta: CpuMetadata) -> torch.Tensor:
         """Layers [start, stop) on h [T, hidden] -> a new [T, hidden]; cos, sin [T, 1, head_dim / 2] (contiguous)."""
-        h = h.clone(memory_format=torch.contiguous_format)  # the C loop works in place
         if stop <= start:
             return h
+        h = h.clone(memory_format=torch.contiguous_format)  # the C loop works in place
         run, work_floats = _kernel()
         model = ctypes.byref(self.model_struct)
         tokens = h.shape[0]

@@ -162,12 +162,14 @@ class QuantLinear(nn.Module):
         self.in_features = parts[0].in_features
         self.out_features = sum(p.out_features for p in parts)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
-        # the kernel call of each part, resolved once: a decode step makes over a hundred of them
-        self._gemm = _entries()[0]
-        self._calls, column = [], 0
+        # the kernel call of each part, resolved once: a decode step makes over a hundred of them. Public for
+        # eyas.model.fused_decoder, which makes the same calls from C: (weight address, type id, row-scale
+        # address or None, first output column, output rows) per part
+        self.gemm = _entries()[0]
+        self.calls, column = [], 0
         for p in parts:
             assert p.data.is_contiguous()
-            self._calls.append((p.data.data_ptr(), p.fmt.type_id, _ptr(p.scale), column, p.out_features))
+            self.calls.append((p.data.data_ptr(), p.fmt.type_id, _ptr(p.scale), column, p.out_features))
             column += p.out_features
 
     @classmethod
@@ -191,8 +193,8 @@ class QuantLinear(nn.Module):
             raise ValueError(f"QuantLinear: input has {k} features, expected {self.in_features}")
         out = torch.empty(rows, self.out_features, dtype=torch.float32)  # [M, N]
         x_ptr, out_ptr, threads = x2.data_ptr(), out.data_ptr(), torch.get_num_threads()
-        for w_ptr, type_id, scale_ptr, column, n in self._calls:
-            if self._gemm(x_ptr, k, w_ptr, type_id, scale_ptr, out_ptr + 4 * column, self.out_features, rows, n, k,
+        for w_ptr, type_id, scale_ptr, column, n in self.calls:
+            if self.gemm(x_ptr, k, w_ptr, type_id, scale_ptr, out_ptr + 4 * column, self.out_features, rows, n, k,
                           threads):
                 raise RuntimeError(f"quant_gemm failed on {self.extra_repr()}")
         if self.bias is not None:
