@@ -46,6 +46,10 @@ def drafters(tiny_models, tmp_path_factory):
     folders["eagle3"] = save_drafter(eagle3, root / "eagle3", "eagle3", verifier=None, num_speculative_tokens=None)
     folders["eagle3_speculators"] = save_drafter(eagle3, root / "speculators", "speculators",
                                                  verifier=str(target_path), num_speculative_tokens=K)
+    two = Eagle3Drafter(dataclasses.replace(cfg, num_layers=2), parts, target_hidden_size=64, draft_vocab_size=320,
+                        aux_layer_ids=(0, 1, 2), max_positions=1024, own_embedding=False)
+    randomize_(two, 4).set_draft_vocabulary(torch.arange(320))
+    folders["eagle3_2_layers"] = save_drafter(two, root / "eagle3_2_layers", "eagle3")
     eagle1 = Eagle1Drafter(one_layer, parts, fc_bias=True, max_positions=1024, own_embedding=False)
     folders["eagle"] = save_drafter(randomize_(eagle1, 2), root / "eagle")
     for name, windows in (("mtp_1", (None,)), ("mtp_2_sliding_full", (8, None)), ("mtp_2", (64, None))):

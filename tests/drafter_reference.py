@@ -61,7 +61,9 @@ def mlp(W, p, x):
 
 
 class Eagle3:
-    """SafeAILab (``midlayer.``) or speculators (``layers.0.``) folder; ``embed`` [V, H] if not stored."""
+    """SafeAILab (``midlayer.``) or speculators (``layers.0.``) folder; ``embed`` [V, H] if not stored. Layers
+    1.. of a drafter with ``num_hidden_layers`` > 1 are stored as ``layers.{i}.`` in both and run as plain Llama
+    layers on the first layer's output (vLLM's EAGLE-3 model)."""
 
     def __init__(self, folder: Path, embed: torch.Tensor | None):
         cfg, W = read_checkpoint(folder)
@@ -79,7 +81,12 @@ class Eagle3:
         x = torch.cat([rms(self.E[tokens], W[p + "input_layernorm.weight"], eps),
                        rms(g, W[p + "hidden_norm.weight"], eps)], -1)
         h = g + attention(W, p, self.c, x, pos)
-        return h + mlp(W, p, rms(h, W[p + "post_attention_layernorm.weight"], eps))
+        h = h + mlp(W, p, rms(h, W[p + "post_attention_layernorm.weight"], eps))
+        for i in range(1, self.c.get("num_hidden_layers", 1)):
+            q = f"layers.{i}."
+            h = h + attention(W, q, self.c, rms(h, W[q + "input_layernorm.weight"], eps), pos)
+            h = h + mlp(W, q, rms(h, W[q + "post_attention_layernorm.weight"], eps))
+        return h
 
     def logits(self, layer, h):
         draft = rms(h, self.W["norm.weight"], self.c["rms_norm_eps"]) @ self.W["lm_head.weight"].T  # [Vd]

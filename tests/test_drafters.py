@@ -55,10 +55,10 @@ def _parts(target):
     return TargetParts(target.model.embed_tokens, target.model.lm_head)
 
 
-def _eagle3(target, layout):
+def _eagle3(target, layout, num_layers=1):
     """SafeAILab: drafter hidden = target's, shared embedding. speculators: hidden 48, own embedding."""
     own = layout == "speculators"
-    cfg = dataclasses.replace(target.cfg, num_layers=1, **(dict(hidden_size=48, head_dim=12, intermediate_size=96)
+    cfg = dataclasses.replace(target.cfg, num_layers=num_layers, **(dict(hidden_size=48, head_dim=12, intermediate_size=96)
                                                           if own else {}))
     drafter = Eagle3Drafter(cfg, _parts(target), target_hidden_size=64, draft_vocab_size=200, aux_layer_ids=(2, 0, 1),
                             max_positions=MAX_POS, own_embedding=own)
@@ -151,9 +151,10 @@ def _assert_same_tensors(a, b):
         assert a[name].dtype == b[name].dtype and torch.equal(a[name], b[name]), name
 
 
+@pytest.mark.parametrize("num_layers", [1, 2])
 @pytest.mark.parametrize("layout", ["eagle3", "speculators"])
-def test_eagle3_drafts_match_reference(target, tmp_path, layout):
-    drafter = _eagle3(target, layout)
+def test_eagle3_drafts_match_reference(target, tmp_path, layout, num_layers):
+    drafter = _eagle3(target, layout, num_layers)
     save_drafter(drafter, tmp_path / "d", layout, verifier=str(target.path), num_speculative_tokens=5)
     loaded = load_drafter(tmp_path / "d", target.model, dtype=torch.float32, device=torch.device("cpu"),
                           max_positions=MAX_POS)
@@ -165,6 +166,10 @@ def test_eagle3_drafts_match_reference(target, tmp_path, layout):
                                                             else (None, None))
     assert loaded.shares_target_embedding == (layout == "eagle3") and not loaded.shares_target_head
     assert (loaded.target_hidden, loaded.advances_positions, loaded.num_step_layers) == ("aux", True, 1)
+    assert len(loaded.attention_layers()) == num_layers == spec.config.get("transformer_layer_config", spec.config)[
+        "num_hidden_layers"]
+    if num_layers > 1:  # vLLM's names: layer 0 as the layout has it, the others as plain layers.{i}
+        assert "layers.1.self_attn.q_proj.weight" in load_file(tmp_path / "d" / "model.safetensors")
     # step 0 reads the aux states in ascending layer order, concatenated
     requests = _inputs(target, lambda states: torch.cat([states[i] for i in spec.aux_layer_ids], dim=-1))
     embed = None if layout == "speculators" else target.model.embed_tokens.weight.detach()

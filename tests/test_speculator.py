@@ -18,6 +18,7 @@ CASES = {  # name -> (method, model folder key, the LLM's target: the drafter's 
     "eagle": ("eagle", "eagle"),
     "eagle3": ("eagle3", "eagle3"),
     "eagle3_speculators": ("eagle3", "eagle3_speculators"),
+    "eagle3_2_layers": ("eagle3", "eagle3_2_layers"),  # a second, plain decoder layer (vLLM's num_hidden_layers 2)
     "mtp_1": ("mtp", "mtp_1"),
     "mtp_2_sliding_full": ("mtp", "mtp_2_sliding_full"),
     "mtp_2": ("mtp", "mtp_2"),
@@ -150,7 +151,7 @@ def _assert_reference_drafts(drafters, case, records) -> None:
         assert drafts == want
 
 
-@pytest.mark.parametrize("case", ["eagle", "eagle3", "mtp_1", "mtp_2"])
+@pytest.mark.parametrize("case", ["eagle", "eagle3", "eagle3_2_layers", "mtp_1", "mtp_2"])
 def test_engine_drafts_equal_one_request_reference(drafters, case):
     """Every step's drafts of a batched run equal the dense reference's chain over that request alone, the
     drafts of requests that skipped steps while the adaptive policy paused them (caught up) included.
@@ -176,7 +177,7 @@ def _skip_every_third_step(llm) -> None:
     scheduler._expected_drafts = forced
 
 
-@pytest.mark.parametrize("case", ["eagle3", "mtp_1", "mtp_2_sliding_full"])
+@pytest.mark.parametrize("case", ["eagle3", "eagle3_2_layers", "mtp_1", "mtp_2_sliding_full"])
 def test_requests_draft_again_after_skipped_steps_batch_1_and_8_with_preemption(drafters, case):
     """Requests told 0 skip the drafter, then draft again; greedy output equals plain output, and a caught-up
     request drafts what a drafter that never skips drafts at the same history (mtp_2_sliding_full: a window

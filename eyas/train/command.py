@@ -43,7 +43,9 @@ def add_train_parser(sub) -> None:
     p.add_argument("--draft-vocab-size", type=int, default=32000,
                    help="eagle3: most frequent loss-masked target tokens the drafter predicts over (its head is the "
                         "largest matrix of a draft step: smaller is cheaper)")
-    p.add_argument("--num-layers", type=int, default=1, help="mtp: MTP layers M (draft step j uses layer j %% M)")
+    p.add_argument("--num-layers", type=int, default=1,
+                   help="eagle3: decoder layers of the drafter (vLLM runs several too); mtp: MTP layers M "
+                        "(draft step j uses layer j %% M)")
     p.add_argument("--unroll-steps", type=int, default=7,
                    help="training-time test: drafter steps unrolled on its own outputs (EAGLE/SpecForge: 7)")
     p.add_argument("--step-decay", type=float, default=0.8, help="loss weight of unroll step i: decay ** i")

@@ -70,18 +70,19 @@ class Recipe(ABC):
 
 
 class Eagle3Recipe(Recipe):
-    """EAGLE-3: fc over the aux streams, one layer, own head over the draft vocabulary (initialised from the
-    target's rows, and its final norm from the target's); the embedding is the target's, frozen."""
+    """EAGLE-3: fc over the aux streams, ``num_layers`` decoder layers (the first over embedding and hidden
+    state), own head over the draft vocabulary (initialised from the target's rows, and its final norm from
+    the target's); the embedding is the target's, frozen."""
 
     method = "eagle3"
     uses_aux = True
     vllm_loads = True  # the SafeAILab / SpecForge layout
 
     def __init__(self, target: nn.Module, max_positions: int, *, aux_layer_ids: tuple[int, ...],
-                 vocab_ids: torch.Tensor):
+                 vocab_ids: torch.Tensor, num_layers: int = 1):
         super().__init__(target, max_positions)
         cfg = target.config
-        layer = dataclasses.replace(cfg, num_layers=1, qk_norm=False, attention_bias=False,
+        layer = dataclasses.replace(cfg, num_layers=num_layers, qk_norm=False, attention_bias=False,
                                     architecture="LlamaForCausalLM", tie_word_embeddings=False)
         self.drafter = Eagle3Drafter(layer, TargetParts(target.embed_tokens, target.lm_head),
                                      target_hidden_size=cfg.hidden_size, draft_vocab_size=len(vocab_ids),
@@ -96,7 +97,7 @@ class Eagle3Recipe(Recipe):
     def for_run(cls, target: nn.Module, max_positions: int, config, data) -> "Eagle3Recipe":
         vocab = select_draft_vocabulary(data.frequencies, config.draft_vocab_size, target.config.vocab_size)
         return cls(target, max_positions, aux_layer_ids=data.aux_layer_ids,
-                   vocab_ids=vocab.to(target.embed_tokens.weight.device))
+                   vocab_ids=vocab.to(target.embed_tokens.weight.device), num_layers=config.num_layers)
 
     @property
     def vocab_ids(self) -> torch.Tensor:

@@ -56,7 +56,7 @@ class TrainConfig:
     layers: tuple[int, ...] | None = None  # plain dump folders: the layer id of each slot
     aux_layer_ids: tuple[int, ...] | None = None  # EAGLE-3: streams to fuse (default: the dumps' or (2, N//2, N-3))
     draft_vocab_size: int = 32000
-    num_layers: int = 1  # MTP layers
+    num_layers: int = 1  # EAGLE-3: decoder layers; MTP: MTP layers
     unroll_steps: int = 7
     step_decay: float = 0.8
     loss: str = "soft"

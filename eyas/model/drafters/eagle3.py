@@ -1,12 +1,19 @@
-"""EAGLE-3 drafter: one decoder layer over ``cat(norm(embedding), norm(hidden))``, own draft-vocab head.
+"""EAGLE-3 drafter: a decoder layer over ``cat(norm(embedding), norm(hidden))``, optionally more plain
+decoder layers after it, and an own draft-vocab head.
 
 One step (H = drafter hidden, Ht = target hidden, Vd = draft vocabulary):
 
     g = fc(cat(a_low, a_mid, a_high))      step 0 only: [T, 3*Ht] -> [T, H]; later steps g = feedback
     x = cat(input_layernorm(embed(tok)), hidden_norm(g))          [T, 2H]
     h = g + attn(x)
-    h = h + mlp(post_attention_layernorm(h))                      feedback: h (pre-norm)
+    h = h + mlp(post_attention_layernorm(h))
+    h = later_layer(h), for each later layer (a plain Llama layer)  feedback: h (pre-norm)
     logits = lm_head(norm(h))                                     [T, Vd] -> target ids via d2t
+
+The layers after the first (``num_hidden_layers`` > 1, as vLLM's EAGLE-3 model runs them, stored as
+``layers.1``, ``layers.2``, ... beside ``midlayer``) give the drafter attention over its own
+states: a first layer can bring each position its predecessor, a second match on it (copying
+repeated text, which one layer over this kind of input does not learn).
 
 The aux states are concatenated in ascending layer order, as the target's
 ``ModelOutput.aux_hidden.flatten(1)`` lays them out.
@@ -20,7 +27,7 @@ from torch import nn
 from eyas.config import ModelConfig
 from eyas.model.drafters.base import Drafter, TargetParts
 from eyas.model.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding
-from eyas.model.llama import Attention
+from eyas.model.llama import Attention, DecoderLayer
 
 
 class Eagle3Layer(nn.Module):
@@ -39,7 +46,8 @@ class Eagle3Layer(nn.Module):
 
 
 class Eagle3Drafter(Drafter):
-    """``cfg``: the drafter layer's Llama config (its ``vocab_size`` is the target's).
+    """``cfg``: the drafter layers' Llama config (its ``vocab_size`` is the target's, ``num_layers`` the
+    decoder layers: the first one over embedding and hidden state, the others plain).
 
     ``own_embedding``: the checkpoint carries ``embed_tokens.weight`` ([V, H]); otherwise the
     target's embedding is shared, which needs H == Ht.
@@ -59,6 +67,7 @@ class Eagle3Drafter(Drafter):
             self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.fc = Linear(len(aux_layer_ids) * target_hidden_size, cfg.hidden_size, bias=False)
         self.layer = Eagle3Layer(cfg)
+        self.later_layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(1, cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, draft_vocab_size, bias=False)
         # draft id i is target id i + d2t[i]; t2d marks the target ids in the draft vocabulary
@@ -75,7 +84,7 @@ class Eagle3Drafter(Drafter):
         self.t2d[ids] = True
 
     def attention_layers(self) -> list[Attention]:
-        return [self.layer.self_attn]
+        return [self.layer.self_attn] + [layer.self_attn for layer in self.later_layers]
 
     def forward(self, step: int, input_ids: torch.Tensor, positions: torch.Tensor,
                 hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,6 +92,8 @@ class Eagle3Drafter(Drafter):
         g = self.fc(hidden) if step == 0 else hidden  # [T, H]
         cos, sin = self.rotary.table(positions, g.dtype)
         h = self.layer(self.embed(input_ids), g, cos, sin)  # [T, H]
+        for layer in self.later_layers:
+            h = layer(h, cos, sin)
         return self.norm(h), h
 
     def compute_logits(self, step: int, hidden: torch.Tensor) -> torch.Tensor:

@@ -20,14 +20,19 @@ LAYOUTS = {"eagle3": "eagle3", "speculators": "eagle3", "eagle": "eagle", "mtp":
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
-def prefix_renames(layout: str, num_target_layers: int = 0, num_mtp_layers: int = 0) -> list[tuple[str, str]]:
-    """(eyas prefix, checkpoint prefix) pairs; names outside them are stored as they are."""
+def prefix_renames(layout: str, num_layers: int = 0, num_mtp_layers: int = 0) -> list[tuple[str, str]]:
+    """(eyas prefix, checkpoint prefix) pairs; names outside them are stored as they are. ``num_layers``: the
+    drafter's decoder layers (EAGLE-3: its later layers ``later_layers.i`` are stored as ``layers.{i + 1}``), or for
+    MTP the target's."""
+    later = [(f"later_layers.{i}.", f"layers.{i + 1}.") for i in range(max(0, num_layers - 1))]
     if layout == "eagle3":
-        return [("layer.", "midlayer.")]
-    if layout in ("speculators", "eagle"):
+        return [("layer.", "midlayer."), *later]
+    if layout == "speculators":
+        return [("layer.", "layers.0."), *later]
+    if layout == "eagle":
         return [("layer.", "layers.0.")]
     assert layout == "mtp", layout
-    return [(f"layers.{i}.", f"model.layers.{num_target_layers + i}.") for i in range(num_mtp_layers)]
+    return [(f"layers.{i}.", f"model.layers.{num_layers + i}.") for i in range(num_mtp_layers)]
 
 
 def checkpoint_names(name: str, renames: list[tuple[str, str]]) -> list[str]:

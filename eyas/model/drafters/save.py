@@ -38,7 +38,7 @@ def save_drafter(drafter: Drafter, folder: str | os.PathLike, layout: str | None
     if layout == "speculators":
         config = _speculators_config(drafter, verifier, verifier_architectures, num_speculative_tokens)
     elif layout == "eagle3":
-        config = _llama_config(cfg, num_layers=1) | {
+        config = _llama_config(cfg, num_layers=cfg.num_layers) | {
             "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": drafter.draft_vocab_size,
             "target_hidden_size": drafter.target_hidden_size, "aux_layer_convention": "vllm",
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(drafter.aux_layer_ids)}}
@@ -79,7 +79,7 @@ def _speculators_config(drafter, verifier, verifier_architectures, num_speculati
     if num_speculative_tokens is not None:
         proposal["speculative_tokens"] = num_speculative_tokens
     return {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-            "transformer_layer_config": _llama_config(drafter.config, num_layers=1),
+            "transformer_layer_config": _llama_config(drafter.config, num_layers=drafter.config.num_layers),
             "draft_vocab_size": drafter.draft_vocab_size, "target_hidden_size": drafter.target_hidden_size,
             "eagle_aux_hidden_state_layer_ids": list(drafter.aux_layer_ids), "aux_layer_convention": "vllm",
             "norm_before_residual": False,
