@@ -263,7 +263,7 @@ def cmd_extract(args) -> int:
 
     manifest = run_extract(args.data, args.out, model=args.model, layers=args.layers, regenerate=args.regenerate,
                            max_samples=args.max_samples, max_len=args.max_len,
-                           regen_max_tokens=args.regen_max_tokens, chunk_size=args.chunk_size,
+                           max_turns=args.max_turns, regen_max_tokens=args.regen_max_tokens, chunk_size=args.chunk_size,
                            dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
                            max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_gb=args.kv_cache_gb,
                            enable_prefix_caching=not args.no_prefix_caching, num_threads=args.threads)
@@ -314,7 +314,10 @@ def build_parser() -> argparse.ArgumentParser:
     ext.add_argument("--layers", type=_layer_ids, default=None,
                      help="aux layer ids, vLLM convention (default: 2,N//2,N-3)")
     ext.add_argument("--regenerate", action="store_true",
-                     help="regenerate the assistant turns with the target first (self-distillation)")
+                     help="replace the replies by the target's own, greedy (self-distillation); the last one's states "
+                          "are dumped while it is generated")
+    ext.add_argument("--max-turns", type=int, default=None,
+                     help="keep each conversation's first N exchanges (user turn and reply); default: all")
     ext.add_argument("--max-samples", type=int, default=None, help="use the first N conversations")
     ext.add_argument("--max-len", type=int, default=None,
                      help="cut conversations to this many tokens (default: 2048 or the model's limit)")

@@ -163,7 +163,7 @@ def test_resume_redoes_a_file_that_was_never_journaled(tiny_models, tmp_path):
     assert not list(out.glob(".*.tmp"))
 
 
-def test_regenerate_replaces_replies_with_the_targets_own(tiny_models, tmp_path):
+def test_regenerate_dumps_the_targets_own_reply_while_generating_it(tiny_models, tmp_path):
     from eyas import LLM, SamplingParams
 
     data = tmp_path / "chats.jsonl"
@@ -180,11 +180,52 @@ def test_regenerate_replaces_replies_with_the_targets_own(tiny_models, tmp_path)
     llm = LLM(str(tiny_models["llama"]), max_model_len=200, kv_cache_gb=0.02)
     tok = llm.get_tokenizer()
     questions = [m[:1] for m in conversations] + [extra[0], extra[1][1:2]]
-    replies = llm.chat(questions, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
-    for sample, reply in zip(regen["samples"], replies):
-        ids = load_file(tmp_path / "regen" / sample["file"])["token_ids"].tolist()
-        answer = [t for t, m in zip(ids, runs_to_mask(sample["loss_mask_runs"])) if m]
-        assert tok.decode(answer, skip_special_tokens=False) == reply.outputs[0].text + "<|im_end|>\n"
+    prompts = [tok.encode(tok.apply_chat_template(q, add_generation_prompt=True), add_special_tokens=False)
+               for q in questions]
+    replies = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+    # the same token ids, prefilled with plain extraction in one pass: the one-pass dump's states
+    check = LLM(str(tiny_models["llama"]), max_model_len=200, kv_cache_gb=0.02, speculative_config={
+        "method": "extract_hidden_states", "num_speculative_tokens": 1, "aux_layer_ids": regen["aux_layer_ids"],
+        "output_dir": str(tmp_path / "check")})
+    for sample, prompt, reply in zip(regen["samples"], prompts, replies):
+        dumped = load_file(tmp_path / "regen" / sample["file"])
+        ids, mask = dumped["token_ids"].tolist(), runs_to_mask(sample["loss_mask_runs"])
+        generated = list(reply.outputs[0].token_ids)
+        assert ids == prompt + generated[:-1] and mask == [0] * len(prompt) + [1] * (len(generated) - 1)
+        out = check.generate([ids], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)[0]
+        check.engine.flush()
+        torch.testing.assert_close(dumped["hidden_states"], load_file(out.hidden_states_path)["hidden_states"],
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_regenerate_multi_turn_keeps_the_regenerated_history_as_masked_context(tiny_models, tmp_path):
+    from eyas import LLM, SamplingParams
+
+    data = tmp_path / "chats.jsonl"
+    messages = [{"role": "user", "content": "the falcon flies"}, {"role": "assistant", "content": "over a hill"},
+                {"role": "user", "content": "and sees the river"}, {"role": "assistant", "content": "shining"},
+                {"role": "user", "content": "under morning light"}, {"role": "assistant", "content": "the end"}]
+    data.write_text(json.dumps({"messages": messages}) + "\n")
+    kwargs = dict(model=str(tiny_models["llama"]), max_len=200, progress=False, kv_cache_gb=0.02, regenerate=True,
+                  regen_max_tokens=6)
+    two = run_extract(str(data), tmp_path / "two", max_turns=2, **kwargs)
+    assert two["max_turns"] == 2
+    llm = LLM(str(tiny_models["llama"]), max_model_len=200, kv_cache_gb=0.02)
+    tok = llm.get_tokenizer()
+    params = SamplingParams(temperature=0, max_tokens=6)
+    first = llm.chat([messages[:1]], params, use_tqdm=False)[0].outputs[0].text
+    history = [messages[0], {"role": "assistant", "content": first}, messages[2]]
+    prompt = tok.encode(tok.apply_chat_template(history, add_generation_prompt=True), add_special_tokens=False)
+    second = list(llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
+    sample = two["samples"][0]
+    ids = load_file(tmp_path / "two" / sample["file"])["token_ids"].tolist()
+    mask = runs_to_mask(sample["loss_mask_runs"])
+    assert ids[len(prompt):] == second[:-1] and all(mask[len(prompt):])
+    earlier = [t for t, m in zip(ids[:len(prompt)], mask) if m]  # the first reply, regenerated, and its end of turn
+    assert tok.decode(earlier, skip_special_tokens=False) == first + "<|im_end|>\n"
+    one = run_extract(str(data), tmp_path / "one", max_turns=1, **kwargs)  # only the first exchange
+    ids = load_file(tmp_path / "one" / one["samples"][0]["file"])["token_ids"].tolist()
+    assert tok.decode(ids, skip_special_tokens=False).count("<|im_start|>user") == 1
 
 
 def test_bad_settings_are_refused(tiny_models, tmp_path):
@@ -196,6 +237,8 @@ def test_bad_settings_are_refused(tiny_models, tmp_path):
         run_extract(str(data), tmp_path / "out", max_len=100, **kwargs)
     with pytest.raises(ValueError, match="max_samples: 0 must be >= 1"):
         run_extract(str(data), tmp_path / "other", max_samples=0, **kwargs)
+    with pytest.raises(ValueError, match="max_turns: 0 must be >= 1"):
+        run_extract(str(data), tmp_path / "other", max_turns=0, **kwargs)
     with pytest.raises(ValueError, match="aux_layer_ids: 7 is outside"):
         run_extract(str(data), tmp_path / "other", layers=[1, 7], **kwargs)
     proc = subprocess.run([sys.executable, "-m", "eyas.cli", "extract", "--data", str(data), "--out",

@@ -37,23 +37,28 @@ Encode = Callable[[str], list[int]]
 
 
 def build_loss_mask(
-    render: Render, encode: Encode, messages: Sequence[dict[str, str]]
+    render: Render, encode: Encode, messages: Sequence[dict[str, str]], add_generation_prompt: bool = False
 ) -> tuple[list[int], list[int]]:
     """Token ids of the rendered conversation and a same-length 0/1 mask of assistant tokens.
 
     ``render(messages, add_generation_prompt)`` returns the chat-template text; ``encode(text)``
     returns its token ids without adding BOS/EOS (the template writes the special tokens).
     ``loss_mask[i] == 1`` means token ``i`` is a training target (predicted from ids ``< i``).
-    Raises ``ValueError`` when there is no assistant turn, an assistant turn comes first (nothing
-    to condition on: drop leading assistant turns), or the template breaks the prefix property.
+    ``add_generation_prompt``: ``messages`` end with the turn a reply is to be generated for; the
+    render ends with the generation prompt and may hold no assistant turn yet (a first request).
+    Raises ``ValueError`` when there is no assistant turn (without ``add_generation_prompt``), an
+    assistant turn comes first (nothing to condition on: drop leading assistant turns), or the
+    template breaks the prefix property.
     """
     messages = list(messages)
     assistant_turns = [j for j, m in enumerate(messages) if m.get("role") == "assistant"]
-    if not assistant_turns:
+    if not assistant_turns and not add_generation_prompt:
         raise ValueError(
             f"conversation has no assistant turn (roles: {[m.get('role') for m in messages]})"
         )
-    if assistant_turns[0] == 0:
+    if add_generation_prompt and messages and messages[-1].get("role") == "assistant":
+        raise ValueError("a generation prompt follows a user (or system) turn, not an assistant turn")
+    if assistant_turns and assistant_turns[0] == 0:
         raise ValueError(
             "turn 0 is an assistant turn with no prompt before it; drop leading assistant turns"
         )
@@ -63,7 +68,7 @@ def build_loss_mask(
             f"encode('') returned {empty_ids}: encode must not add special tokens (BOS/EOS)"
         )
 
-    text = render(messages, False)
+    text = render(messages, add_generation_prompt)
     spans: list[tuple[int, int]] = []  # [start, end) character ranges of assistant spans in text
     for j in assistant_turns:
         prompt = render(messages[:j], True)

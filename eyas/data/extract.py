@@ -2,14 +2,20 @@
 
 Per conversation (sample id = its index in the data file, ``000042``):
 
-1. optionally regenerate every assistant turn with the target itself (self-distillation), turn
-   by turn, each reply conditioned on the regenerated history (greedy, ``regen_max_tokens``);
-2. render it with the chat template and build the assistant-only loss mask (render-boundary
+0. optionally keep only its first ``max_turns`` exchanges (user turn and reply);
+1. render it with the chat template and build the assistant-only loss mask (render-boundary
    method, ``eyas.data.chat``), cut to ``max_len - 1`` tokens;
-3. extract: the prompt runs through the engine with ``extract_hidden_states`` at full batch,
-   which writes ``{sample_id}.safetensors`` (``hidden_states [num_tokens, num_layers, hidden]``,
-   ``token_ids [num_tokens]``) atomically on writer threads;
-4. once the files of a chunk are on disk, their journal lines are appended (``samples.jsonl``).
+2. extract: it runs through the engine with ``extract_hidden_states`` at full batch, which writes
+   ``{sample_id}.safetensors`` (``hidden_states [num_tokens, num_layers, hidden]``, ``token_ids
+   [num_tokens]``) atomically on writer threads;
+3. once the files of a chunk are on disk, their journal lines are appended (``samples.jsonl``).
+
+With ``regenerate`` (self-distillation) the replies are the target's own, greedy, up to
+``regen_max_tokens``: every assistant turn but the last is regenerated first, as text, each
+conditioned on the regenerated history; the last one is generated in step 2 itself, from the
+rendered history with the generation prompt, and the states of prompt and reply are dumped by
+that same forward (the reply's token ids are the ones the target produced; its final token,
+never fed back, has no state and is left out). One forward per token, no second pass.
 
 Re-running the same command skips journaled samples, cuts a torn journal line, deletes stale
 temporary files and redoes samples whose files were never journaled. The manifest
@@ -74,14 +80,18 @@ def conversations(data: str) -> Iterator[Conversation]:
 
 def run_extract(data: str, out: str | Path, *, model: str | None = None, layers: list[int] | None = None,
                 regenerate: bool = False, max_samples: int | None = None, max_len: int | None = None,
-                regen_max_tokens: int = 512, chunk_size: int = 128, progress: bool = True,
-                **llm_kwargs) -> dict:
+                max_turns: int | None = None, regen_max_tokens: int = 512, chunk_size: int = 128,
+                progress: bool = True, **llm_kwargs) -> dict:
     """Run (or resume) the job; returns the manifest. ``max_len`` defaults to 2048 or the model's limit if
     lower. ``llm_kwargs`` go to ``LLM`` (dtype, num_threads, kv_cache_gb, ...)."""
     from eyas.llm import LLM
 
     if max_samples is not None and max_samples < 1:
         raise ValueError(f"max_samples: {max_samples} must be >= 1")
+    if max_turns is not None and max_turns < 1:
+        raise ValueError(f"max_turns: {max_turns} must be >= 1")
+    if regen_max_tokens < 2:
+        raise ValueError(f"regen_max_tokens: {regen_max_tokens} must be >= 2 (a reply's last token has no state)")
     cfg = ModelConfig.from_folder(resolve_model(model))
     max_len = max_len or min(DEFAULT_MAX_LEN, cfg.max_position_embeddings)
     if max_len < 16:
@@ -91,13 +101,13 @@ def run_extract(data: str, out: str | Path, *, model: str | None = None, layers:
     layer_ids = tuple(layers) if layers else default_layer_ids(cfg.num_layers)
     llm = LLM(model, max_model_len=max_len, speculative_config={
         "method": "extract_hidden_states", "num_speculative_tokens": 1, "aux_layer_ids": list(layer_ids),
-        "output_dir": str(out)}, **llm_kwargs)
+        "output_dir": str(out), "include_output_tokens": True}, **llm_kwargs)
     header = {"format": "eyas-hidden-states/1", "model": model_identity(cfg), "aux_layer_ids": list(layer_ids),
               "layer_convention": LAYER_CONVENTION,
               "layer_convention_doc": "id k = the residual stream entering decoder layer k (0 = embeddings, "
                                       f"{cfg.num_layers} = after the last layer, before the final norm)",
               "dtype": str(llm.engine.config.dtype).removeprefix("torch."), "hidden_size": cfg.hidden_size,
-              "num_layers": len(layer_ids), "max_len": max_len, "regenerate": regenerate,
+              "num_layers": len(layer_ids), "max_len": max_len, "max_turns": max_turns, "regenerate": regenerate,
               "regen_max_tokens": regen_max_tokens if regenerate else None,
               "files": {"hidden_states": "[num_tokens, num_layers, hidden_size]", "token_ids": "[num_tokens] int64"}}
     _pin_job(out / "job.json", header)
@@ -105,7 +115,7 @@ def run_extract(data: str, out: str | Path, *, model: str | None = None, layers:
         stale.unlink()
     journal = Journal(out / "samples.jsonl")
     done = journal.read()
-    todo = (Sample(f"{i:06d}", without_leading_replies(c))
+    todo = (Sample(f"{i:06d}", first_turns(without_leading_replies(c), max_turns))
             for i, c in enumerate(itertools.islice(conversations(data), max_samples)))
     todo = (s for s in todo if s.sample_id not in done)
     num_conversations = sum(1 for _ in itertools.islice(conversations(data), max_samples))  # a few s for ShareGPT
@@ -116,8 +126,8 @@ def run_extract(data: str, out: str | Path, *, model: str | None = None, layers:
         if regenerate:
             _regenerate(llm, chunk, max_len, regen_max_tokens)
         for sample in chunk:
-            _render(llm, sample, max_len)
-        entries = _extract(llm, [s for s in chunk if s.skipped is None])
+            _render(llm, sample, max_len, reply=regenerate)
+        entries = _extract(llm, [s for s in chunk if s.skipped is None], out, regen_max_tokens if regenerate else 1)
         entries += [{"id": s.sample_id, "conversation_id": s.conversation.id, "skipped": s.skipped}
                     for s in chunk if s.skipped is not None]
         journal.append(entries)
@@ -152,6 +162,20 @@ def _progress(total: int, num_done: int):
     return tqdm(total=total, desc="extract", unit="sample", dynamic_ncols=True)
 
 
+def first_turns(conversation: Conversation, max_turns: int | None) -> Conversation:
+    """The conversation up to the reply to its ``max_turns``-th user turn (all of it for None)."""
+    if max_turns is None:
+        return conversation
+    messages, users = [], 0
+    for message in conversation.messages:
+        if message["role"] == "user":
+            if users == max_turns:
+                break
+            users += 1
+        messages.append(message)
+    return Conversation(conversation.id, messages)
+
+
 def without_leading_replies(conversation: Conversation) -> Conversation:
     """Drop assistant turns before the first user or system turn: nothing conditions them."""
     messages = list(conversation.messages)
@@ -160,56 +184,79 @@ def without_leading_replies(conversation: Conversation) -> Conversation:
     return Conversation(conversation.id, messages)
 
 
-def _render(llm, sample: Sample, max_len: int) -> None:
-    """Token ids and assistant-only loss mask of the (possibly regenerated) conversation."""
+def _render(llm, sample: Sample, max_len: int, reply: bool) -> None:
+    """Token ids and assistant-only loss mask of the conversation (``reply``: of the history a reply is to be
+    generated for, ending with the generation prompt)."""
     if sample.skipped is not None:
         return
     tok = llm.get_tokenizer()
     messages = sample.conversation.messages
     try:
         ids, mask = build_loss_mask(lambda m, gen: tok.apply_chat_template(m, add_generation_prompt=gen),
-                                    lambda text: tok.encode(text, add_special_tokens=False), messages)
+                                    lambda text: tok.encode(text, add_special_tokens=False), messages, reply)
     except ValueError as error:
         sample.skipped = str(error)
         return
-    ids, mask = ids[:max_len - 1], mask[:max_len - 1]  # room for the one token the engine samples
-    if not any(mask):
-        sample.skipped = f"no assistant token within the first {max_len - 1} tokens"
-        return
+    if reply:
+        if not any(m["role"] == "user" for m in messages):
+            sample.skipped = "no user turn to reply to"
+        elif len(ids) >= max_len - 1:
+            sample.skipped = f"the prompt of the last reply has {len(ids)} tokens, no room for a reply in {max_len}"
+        if sample.skipped:
+            return
+    else:
+        ids, mask = ids[:max_len - 1], mask[:max_len - 1]  # room for the one token the engine samples
+        if not any(mask):
+            sample.skipped = f"no assistant token within the first {max_len - 1} tokens"
+            return
     sample.token_ids, sample.loss_mask = ids, mask
 
 
-def _extract(llm, samples: list[Sample]) -> list[dict]:
-    """Prefill every sample with extraction on; journal entries once their files are on disk."""
+def _extract(llm, samples: list[Sample], out: Path, max_tokens: int) -> list[dict]:
+    """Run every sample with extraction on, generating up to ``max_tokens`` greedily (1: a prefill); journal
+    entries once their files are on disk. The generated tokens but the last are dumped too, as loss tokens."""
     engine = llm.engine
-    params = SamplingParams(max_tokens=1, temperature=0)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
     for sample in samples:
         engine.add_request(sample.sample_id, sample.token_ids, params)
-    files = {}
+    outputs = {}
     while engine.has_unfinished_requests():
         for output in engine.step():
             if output.finished:
-                files[output.request_id] = Path(output.hidden_states_path).name
+                outputs[output.request_id] = output
     engine.flush()
-    return [{"id": s.sample_id, "conversation_id": s.conversation.id, "file": files[s.sample_id],
-             "num_tokens": len(s.token_ids), "num_loss_tokens": sum(s.loss_mask),
-             "loss_mask_runs": mask_to_runs(s.loss_mask)} for s in samples]
+    entries = []
+    for s in samples:
+        output = outputs[s.sample_id]
+        reply = len(output.outputs[0].token_ids) - 1  # tokens fed back: dumped with their states
+        mask = s.loss_mask + [1] * reply
+        file = Path(output.hidden_states_path).name
+        if not any(mask):
+            (out / file).unlink()
+            entries.append({"id": s.sample_id, "conversation_id": s.conversation.id,
+                            "skipped": "the regenerated reply is one token, with no state to train on"})
+            continue
+        entries.append({"id": s.sample_id, "conversation_id": s.conversation.id, "file": file,
+                        "num_tokens": len(s.token_ids) + reply, "num_loss_tokens": sum(mask),
+                        "loss_mask_runs": mask_to_runs(mask)})
+    return entries
 
 
 def _regenerate(llm, samples: list[Sample], max_len: int, max_tokens: int) -> None:
-    """Replace each assistant turn by the target's own reply, round by round across the chunk.
+    """Replace every assistant turn but the last by the target's own reply, round by round across the chunk,
+    and end each conversation with the turn its last reply answers (``_extract`` generates that one).
 
-    Round r regenerates the r-th assistant turn of every sample that has one, conditioned on the
-    regenerated turns before it; a conversation that ends with a user turn gets a reply to it too.
-    A sample whose history no longer fits ``max_len`` keeps only its turns before that point.
+    Round r regenerates the r-th assistant turn of every sample that has one before its last, conditioned on
+    the regenerated turns before it. A sample whose history outgrows ``max_len`` at turn j ends instead at
+    the reply before j, which is then the one generated with the dump.
     """
     tok = llm.get_tokenizer()
     params = SamplingParams(max_tokens=max_tokens, temperature=0, speculate=False)  # no dump
     history = {}
     for s in samples:
         messages = list(s.conversation.messages)
-        if messages and messages[-1]["role"] == "user":
-            messages.append({"role": "assistant", "content": ""})  # filled below
+        if messages and messages[-1]["role"] == "assistant":
+            messages.pop()  # the last reply: generated with the dump
         history[s.sample_id] = messages
     for r in itertools.count():
         batch, prompts = [], []
@@ -222,7 +269,7 @@ def _regenerate(llm, samples: list[Sample], max_len: int, max_tokens: int) -> No
             ids = tok.encode(tok.apply_chat_template(messages[:j], add_generation_prompt=True),
                              add_special_tokens=False)
             if len(ids) >= max_len - 1:
-                history[sample.sample_id] = messages[:j]
+                history[sample.sample_id] = messages[:turns[r - 1] if r else j]
                 continue
             batch.append((sample.sample_id, j))
             prompts.append(ids)
