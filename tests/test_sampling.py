@@ -225,6 +225,36 @@ def test_processed_logprobs_batch_invariant_and_keeps_boundary_ties():
         np.testing.assert_allclose(alone[i].exp().numpy(), naive_processed_probs(logits[i].numpy(), p), atol=1e-5)
 
 
+def test_top_p_over_a_large_vocabulary_equals_a_full_sort():
+    # The sampler sorts only the best 1,024 values, then 8,192, then the whole vocabulary, as far as each
+    # row's top-k or nucleus reaches; rows of every reach must equal the naive reference, alone or batched.
+    rng = np.random.default_rng(2)
+    vocab = 20000
+    rows = [(4.0, SamplingParams(top_p=0.95)),  # nucleus ~300 tokens: the first width
+            (3.0, SamplingParams(top_p=0.95)),  # ~2,000: the second
+            (1.0, SamplingParams(top_p=0.95)),  # ~15,000: the whole vocabulary
+            (1.0, SamplingParams(top_k=3000)),  # a top-k past the first width
+            (1.0, SamplingParams(top_k=12000, top_p=0.9)),  # past the second
+            (2.0, SamplingParams(temperature=0.5, top_p=0.6)),
+            (1.0, SamplingParams()),
+            (2.0, SamplingParams(temperature=0))]
+    logits = torch.tensor(np.stack([rng.normal(0, scale, vocab) for scale, _ in rows]), dtype=torch.float32)
+    logits[5, :4000] = logits[5, :4000].round()  # ties
+    params = [p for _, p in rows]
+    sampler = Sampler()
+    together = sampler.processed_logprobs(logits, SamplingBatch.from_params(params, [0] * 8, [0] * 8, "cpu"))
+    kept_counts = []
+    for i, p in enumerate(params):
+        alone = sampler.processed_logprobs(logits[i:i + 1], SamplingBatch.from_params([p], [0], [0], "cpu"))[0]
+        assert torch.equal(alone, together[i]), f"row {i}: depends on the batch"
+        want = naive_processed_probs(logits[i].numpy(), p)
+        kept = (together[i] > -math.inf).numpy()
+        assert np.array_equal(kept, want > 0), f"row {i}: {p}: kept {kept.sum()} tokens, reference {(want > 0).sum()}"
+        np.testing.assert_allclose(together[i].exp().numpy(), want, atol=1e-6, err_msg=f"row {i}: {p}")
+        kept_counts.append(int(kept.sum()))
+    assert kept_counts[0] < 1024 < kept_counts[1] < 8192 < kept_counts[2]  # the rows reach every width
+
+
 def test_greedy_rows_are_one_hot():
     logits = torch.randn(4, 100, generator=torch.Generator().manual_seed(0))
     params = [SamplingParams(temperature=0), SamplingParams(top_k=1), SamplingParams(), SamplingParams(temperature=0, top_p=0.5)]
