@@ -245,3 +245,16 @@ def test_generation_in_gguf_mode_is_greedy_identical_with_speculation(tmp_path):
     spec = LLM(str(path), quantization="gguf", kv_cache_gb=0.05, max_model_len=256,
                speculative_config={"method": "ngram", "num_speculative_tokens": 3, "draft_row_cost": 0.0})
     assert [o.outputs[0].token_ids for o in spec.generate(prompts, params, use_tqdm=False)] == reference
+
+
+@pytest.mark.parametrize("mode", ["gguf", "int8", "bf16", None])
+def test_the_cost_model_prices_a_row_by_the_weight_format(tmp_path, mode):
+    # eyas's int8 / GGUF kernels spend arithmetic on every row, float32 / bf16 rows mostly share one read of the
+    # weights: the scheduler's default row cost follows the format the engine runs, and an explicit one wins.
+    path = write_quantized_gguf(tmp_path / "q.gguf")
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    llm = LLM(str(path), quantization=mode, kv_cache_gb=0.05, max_model_len=256, speculative_config=spec)
+    assert llm.engine.scheduler.draft_row_cost == {"gguf": 0.24, "int8": 0.15, "bf16": 0.07, None: 0.07}[mode]
+    told = LLM(str(path), quantization=mode, kv_cache_gb=0.05, max_model_len=256,
+               speculative_config={**spec, "draft_row_cost": 0.5})
+    assert told.engine.scheduler.draft_row_cost == 0.5

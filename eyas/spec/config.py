@@ -11,6 +11,14 @@ METHOD_FIELDS = frozenset({"prompt_lookup_min", "prompt_lookup_max", "model", "d
                            "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
                            "suffix_decoding_min_token_prob", "suffix_decoding_cache_file"})
 VERIFICATION_MODES = ("rejection", "shared_noise")
+# One more row of a CPU forward, as a fraction of a one-row forward, by the target's weight format: the
+# slope c of a forward of n rows costing (1 + c * n) / (1 + c) one-row forwards, least-squares over n = 1..16
+# (one request, n new rows on a cached 192-token prefix, SmolLM2-135M, AMD Zen 4, 2 threads; 1 thread alike).
+# Float32 and bf16 rows are read from memory once whatever the rows, so a row adds little (16 rows:
+# 2.06x and 1.91x a one-row forward; fp32 on 1 thread, 62.5 ms a row, gave 0.07 before too); eyas's int8
+# and GGUF kernels decode every weight in registers and multiply it into each row with float32 FMAs,
+# so rows cost their arithmetic (16 rows: 2.97x and 3.86x; 2 rows already 1.19x in GGUF).
+CPU_ROW_COSTS = {None: 0.07, "bf16": 0.07, "int8": 0.15, "gguf": 0.24}
 
 
 @dataclass(frozen=True)
@@ -35,12 +43,9 @@ class SpeculativeConfig:
     # worth their rows (spec/adaptive.py); False = always verify every draft
     adaptive_draft_length: bool = True
     # what one more row of a forward costs, as a fraction of a one-row forward (spec/adaptive.py):
-    # drafts are verified only while their expected tokens cover it. None = 0.07 on CPU, where a
-    # row costs its share of every matmul and attention over its context (SmolLM2-135M, fp32, 1
-    # thread: a one-row forward 62.5 ms; 8 decoding requests 95 ms, and each draft they verify
-    # 4.3-4.4 ms more, 0.07; one request verifying 8 drafts 85 ms, 0.04 a row, since up to about 9
-    # rows the weights' bytes, not the arithmetic, set the time), and 0 on CUDA, where a few more
-    # rows cost next to nothing (every draft is verified)
+    # drafts are verified only while their expected tokens cover it. None = CPU_ROW_COSTS[the weight
+    # format] on a CPU, and 0 on CUDA, where a few more rows cost next to nothing (every draft is verified)
+    draft_row_cost: float | None = None
     draft_row_cost: float | None = None
     # what drafting costs in a step in which some request drafts, as a fraction of a one-row forward, for a
     # proposer that leaves out the requests the scheduler expects to verify no drafts of (spec/adaptive.py):
@@ -61,10 +66,12 @@ class SpeculativeConfig:
     suffix_decoding_min_token_prob: float = 0.1  # stop drafting where the continuation's probability falls below
     suffix_decoding_cache_file: str | None = None  # global tree saved here at shutdown, loaded at start
 
-    def row_cost(self, device_type: str) -> float:
+    def row_cost(self, device_type: str, quantization: str | None) -> float:
+        """``draft_row_cost``, else the figure for the device and the target's weight format
+        (``EngineConfig.quantization``)."""
         if self.draft_row_cost is not None:
             return self.draft_row_cost
-        return 0.07 if device_type == "cpu" else 0.0
+        return CPU_ROW_COSTS[quantization] if device_type == "cpu" else 0.0
 
     def step_cost(self, device_type: str, proposer) -> float:
         return self.draft_step_cost if self.draft_step_cost is not None else proposer.step_cost(device_type)

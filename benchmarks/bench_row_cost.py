@@ -1,0 +1,81 @@
+"""What one more row of a forward costs on this CPU, per weight format: the figures behind
+``eyas.spec.config.CPU_ROW_COSTS``, the scheduler's default ``draft_row_cost``.
+
+A speculative step verifies k drafts as k + 1 rows of one request; it pays when the accepted drafts
+cover what the extra rows cost. This times the engine's step with n new rows on a cached prefix
+(prefix caching on, one request of a 192-token prompt already cached, then n more tokens and one
+sampled token: the shape of a verification of n - 1 drafts), for each n and each weight format, the
+n interleaved and the median of ``--repeats`` taken. It prints each n's time as a multiple of the
+one-row step, and the slope c of the scheduler's model, (1 + c * n) / (1 + c), fitted by least
+squares over the measured n.
+
+    python benchmarks/bench_row_cost.py [--modes gguf,int8,bf16,none] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+from bench_cpu import SHOWN_FLAGS
+
+from eyas import LLM, SamplingParams
+from eyas.kernels import cpu_flags, cpu_isa
+from eyas.spec.config import CPU_ROW_COSTS
+
+ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
+PREFIX = 192  # tokens: whole blocks of 16, so all of them are cached
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--modes", default="gguf,int8,bf16,none", help="quantization modes (none = the engine dtype)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=9)
+    return p.parse_args(argv)
+
+
+def step_times(mode: str, threads: int, repeats: int) -> dict[int, float]:
+    """Median seconds of a step with n new rows, for each n of ROWS."""
+    llm = LLM(None, quantization=None if mode == "none" else mode, num_threads=threads, max_model_len=1024,
+              enable_prefix_caching=True)
+    rng = random.Random(0)
+    prefix = [rng.randrange(100, 40000) for _ in range(PREFIX)]
+    one = SamplingParams(temperature=0, max_tokens=1)
+    llm.generate([prefix + [5]], one, use_tqdm=False)  # caches the prefix
+    times: dict[int, list[float]] = {n: [] for n in ROWS}
+    for _ in range(repeats):
+        for n in ROWS:
+            prompt = prefix + [rng.randrange(100, 40000) for _ in range(n)]
+            start = time.perf_counter()
+            llm.generate([prompt], one, use_tqdm=False)
+            times[n].append(time.perf_counter() - start)
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
+def fitted_slope(ratios: dict[int, float]) -> float:
+    """The c of (1 + c * n) / (1 + c) closest to the ratios (least squares over a grid of 0.001)."""
+    def error(c: float) -> float:
+        return sum(((1 + c * n) / (1 + c) - r) ** 2 for n, r in ratios.items())
+    return min((i / 1000 for i in range(1001)), key=error)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    flags = cpu_flags()
+    print(f"CPU: {' '.join(f for f in SHOWN_FLAGS if f in flags)}; eyas kernels built for: {cpu_isa()}; "
+          f"{args.threads} thread(s)")
+    print("mode  one-row step  " + "  ".join(f"{n:>4}" for n in ROWS) + "  fitted c  CPU_ROW_COSTS")
+    for mode in args.modes.split(","):
+        times = step_times(mode, args.threads, args.repeats)
+        ratios = {n: t / times[1] for n, t in times.items()}
+        default = CPU_ROW_COSTS[None if mode == "none" else mode]
+        print(f"{mode:<5} {times[1] * 1e3:9.2f} ms  " + "  ".join(f"{ratios[n]:4.2f}" for n in ROWS)
+              + f"  {fitted_slope(ratios):8.3f}  {default:13.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
