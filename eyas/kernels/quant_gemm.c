@@ -172,13 +172,23 @@ static inline v16f f16_to_f(const uint8_t *p) {
     return v;
 #endif
 }
+/* a bfloat16 is the high half of its float32: widen each 16-bit value and shift it up (exact). Lane by lane
+   it ran at 3 G weights/s on one Zen 4 core, a quarter of Q4_1's decoding. */
 static inline v16f bf16_to_f(const uint8_t *p) {
+#if defined(__AVX512F__)
+    return (v16f)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
+#elif defined(__AVX2__)
+    __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16);
+    __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 16))), 16);
+    return cat8((v8f)lo, (v8f)hi);
+#else
     v16f v;
     for (int i = 0; i < 16; i++) {
         uint32_t bits = (uint32_t)(p[2 * i] | (p[2 * i + 1] << 8)) << 16;
         memcpy((float *)&v + i, &bits, 4);
     }
     return v;
+#endif
 }
 
 static inline v16f fma16(v16f a, v16f b, v16f c) {
