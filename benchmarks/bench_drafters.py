@@ -8,8 +8,9 @@ many as given; an MTP folder holds only its layers), on held-out ShareGPT conver
   every draft verified), measured by the engine;
 * speed at the drafter's best k: tok/s with and without speculation at each batch size and
   thread count, the ratio, the same ratio in process CPU time (steadier than wall time on a shared
-  machine), the draft step's cost (median time inside the proposer per step / k; steps whose
-  requests the drafter leaves out, when no draft would be verified, count too) and identical outputs.
+  machine), the draft step's cost (median time inside the proposer per step in which some request
+  drafts, / k), the share of steps that drafted (the drafter leaves out requests that the cost model
+  would give no drafts) and identical outputs.
 
 ``--random``: the old cost-only mode, random EAGLE-1 / EAGLE-3 / MTP drafters (they accept almost
 nothing): the cost of one draft step relative to one target decode step.
@@ -86,8 +87,8 @@ def _cpu_flags() -> str:
     return " ".join(sorted(flags & {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8"}))
 
 
-def _timed(llm, timings: list[float]) -> None:
-    """Record the time inside the proposer of every step with sampling requests."""
+def _timed(llm, timings: list[tuple[float, bool]]) -> None:
+    """Record (time inside the proposer, whether some request drafted) for every step with sampling requests."""
     proposer = llm.engine.runner.proposer
     original = proposer.propose
 
@@ -95,7 +96,7 @@ def _timed(llm, timings: list[float]) -> None:
         start = time.perf_counter()
         out = original(inp)
         if inp.sample_rows:
-            timings.append(time.perf_counter() - start)
+            timings.append((time.perf_counter() - start, any(n > 0 for n in inp.expected_drafts)))
         return out
 
     proposer.propose = timed
@@ -146,12 +147,12 @@ def trained(args) -> int:
         k = args.k or (json.loads((Path(folder) / "config.json").read_text()).get("num_speculative_tokens") or 4)
         print(f"speed at k = {k} ({'given' if args.k else 'the folder default'}):")
         print(f"{'threads':>7s} {'B':>3s} {'plain tok/s':>11s} {'spec tok/s':>10s} {'speedup':>8s} {'cpu':>6s} "
-              f"{'acc len':>8s} {'draft step':>10s} {'/ decode':>8s} {'identical':>9s}")
+              f"{'acc len':>8s} {'draft step':>10s} {'/ decode':>8s} {'drafted':>8s} {'identical':>9s}")
         for threads in args.threads:
             torch.set_num_threads(threads)
             spec = LLM(args.model, **common, speculative_config={"method": method, "model": folder,
                                                                  "num_speculative_tokens": k})
-            timings: list[float] = []
+            timings: list[tuple[float, bool]] = []
             _timed(spec, timings)
             for b in args.batch_sizes:
                 base_tps, base_cpu, base = _generate(plain, prompts, params, b)
@@ -162,11 +163,14 @@ def trained(args) -> int:
                 steps = after["num_steps"] - before["num_steps"]
                 accepted = after["num_accepted"] - before["num_accepted"]
                 decode = statistics.median(o.metrics.time_per_output_token for o in base)
-                draft = statistics.median(timings) / k if timings else float("nan")
+                drafting = [t for t, drafted in timings if drafted]
+                draft = statistics.median(drafting) / k if drafting else None
+                cost = f"{draft * 1e3:7.2f} ms {draft / decode:7.2f}x" if draft else f"{'-':>10s} {'-':>8s}"
+                share = len(drafting) / max(1, len(timings))
                 same = sum(a.outputs[0].token_ids == c.outputs[0].token_ids for a, c in zip(base, outs))
                 length = f"{(accepted + steps) / steps:8.2f}" if steps else f"{'-':>8s}"  # no step verified drafts
                 print(f"{threads:7d} {b:3d} {base_tps:11.1f} {tps:10.1f} {tps / base_tps:7.2f}x {cpu / base_cpu:5.2f}x "
-                      f"{length} {draft * 1e3:7.2f} ms {draft / decode:7.2f}x {same:4d}/{len(outs)}")
+                      f"{length} {cost} {share:7.0%} {same:4d}/{len(outs)}")
     return 0
 
 
@@ -224,7 +228,7 @@ def random_drafters(args) -> int:
             target = spec.pop("target", str(target_path))
             llm = LLM(target, **common, speculative_config={**spec, "num_speculative_tokens": args.k,
                                                             "adaptive_draft_length": False})
-            timings: list[float] = []
+            timings: list[tuple[float, bool]] = []
             _timed(llm, timings)
             llm.generate(prompts[-2:], SamplingParams(max_tokens=4), use_tqdm=False)
             for b in sizes:
@@ -232,7 +236,7 @@ def random_drafters(args) -> int:
                 start = time.perf_counter()
                 outs = llm.generate(prompts[:b], params, use_tqdm=False)
                 tps = b * args.max_tokens / (time.perf_counter() - start)
-                per_step = statistics.median(timings)
+                per_step = statistics.median(t for t, _ in timings)  # adaptive drafting off: every step drafts
                 draft_step = per_step / args.k
                 drafted = sum(o.spec_metrics["num_drafted"] for o in outs)
                 accepted = sum(o.spec_metrics["num_accepted"] for o in outs)
