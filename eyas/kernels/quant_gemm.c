@@ -469,15 +469,26 @@ typedef v16f acc_t;
 #endif
 #define GROUP_LANES (16 / GROUPS)
 
+/* Sub-block sb's share (1 / nsub) of the bytes [pf, pf + bytes), asked for ahead of their use with a hint to
+   keep them in every cache level (a non-temporal hint made a decode step's products twice as slow). Spread
+   over the decoding of a tile, a tile ahead is asked for a few lines at a time: asked for all at once, the
+   prefetches stalled on the full line-fill buffers (see rows()). */
+static inline __attribute__((always_inline)) void prefetch_share(const uint8_t *pf, int64_t bytes, int64_t sb,
+                                                               int64_t nsub) {
+    for (int64_t b = (bytes * sb / nsub) & ~(int64_t)63; b < bytes * (sb + 1) / nsub; b += 64)
+        __builtin_prefetch(pf + b, 0, 3);
+}
+
 static inline __attribute__((always_inline)) void tile(const int type, const int NB, const int MB, const float *x,
                                                      int64_t ldx, int64_t nsub, const uint8_t *w, int64_t rb,
                                                      const float *sc, const wsub_t *pre, const float *row_scale,
-                                                     float *out, int64_t ldo) {
+                                                     float *out, int64_t ldo, const uint8_t *pf, int64_t pf_bytes) {
     acc_t acc[TILE_N][TILE_M][GROUPS];
     for (int j = 0; j < NB; j++)
         for (int m = 0; m < MB; m++)
             for (int g = 0; g < GROUPS; g++) acc[j][m][g] = (acc_t){0};
     for (int64_t sb = 0; sb < nsub; sb++) {
+        prefetch_share(pf, pf_bytes, sb, nsub);
         wsub_t fresh[TILE_N];
         const wsub_t *d[TILE_N];
         for (int j = 0; j < NB; j++) {
@@ -519,16 +530,16 @@ static inline __attribute__((always_inline)) void tile(const int type, const int
 static inline __attribute__((always_inline)) void tile_rows(const int type, const int NB, int64_t mb, const float *x,
                                                           int64_t ldx, int64_t nsub, const uint8_t *w, int64_t rb,
                                                           const float *sc, const wsub_t *pre, const float *row_scale,
-                                                          float *out, int64_t ldo) {
+                                                          float *out, int64_t ldo, const uint8_t *pf, int64_t pf_bytes) {
     switch (mb) {
-    case TILE_M: tile(type, NB, TILE_M, x, ldx, nsub, w, rb, sc, pre, row_scale, out, ldo); break;
+    case TILE_M: tile(type, NB, TILE_M, x, ldx, nsub, w, rb, sc, pre, row_scale, out, ldo, pf, pf_bytes); break;
 #if TILE_M > 3
-    case 3: tile(type, NB, 3, x, ldx, nsub, w, rb, sc, pre, row_scale, out, ldo); break;
+    case 3: tile(type, NB, 3, x, ldx, nsub, w, rb, sc, pre, row_scale, out, ldo, pf, pf_bytes); break;
 #endif
 #if TILE_M > 2
-    case 2: tile(type, NB, 2, x, ldx, nsub, w, rb, sc, pre, row_scale, out, ldo); break;
+    case 2: tile(type, NB, 2, x, ldx, nsub, w, rb, sc, pre, row_scale, out, ldo, pf, pf_bytes); break;
 #endif
-    default: tile(type, NB, 1, x, ldx, nsub, w, rb, sc, pre, row_scale, out, ldo); /* one row */
+    default: tile(type, NB, 1, x, ldx, nsub, w, rb, sc, pre, row_scale, out, ldo, pf, pf_bytes); /* one row */
     }
 }
 
@@ -568,32 +579,32 @@ static void scratch_free(scratch_t *s) {
     free(s->sc);
 }
 
-/* Ask for the weight bytes [from, to) ahead of their use, with a hint to keep them in every cache level
-   (a non-temporal hint made a decode step's products twice as slow). */
-static inline void prefetch(const uint8_t *from, const uint8_t *to) {
-    for (const uint8_t *p = from; p < to; p += 64) __builtin_prefetch(p, 0, 3);
-}
-
 /* NB weight rows against all rows of x, TILE_M at a time. A few rows decode the weights as they go
    (each weight byte is read once either way); more rows decode the tile once into buf and reuse it.
 
-   Row j of the tile PREFETCH_TILES ahead (of the next_rows rows after this tile; rb bytes each) is
-   prefetched as row j of this one has its scales gathered: decoding otherwise stalls on the first
-   touch of every cache line (in row_scales, which reads each block's scales first). With the hardware
-   prefetcher alone a batch-1 decode step's 121 products took 13.3 ms, with the next tile prefetched
-   10.9 ms (1 thread, SmolLM2-135M's Q4_1 layers and Q8_0 head streamed from memory, medians of 5
-   interleaved runs). Prefetching the whole next tile at once gained half of that: the prefetches
-   stalled on the full line-fill buffers. One tile ahead is about 150 ns of decoding at one row, about
-   a memory latency; two tiles ahead took the engine's batch-1 step from 15.3 to 13.7-14.1 ms (1
-   thread) and 9.2 to 8.6 ms (2 threads). */
+   The tile PREFETCH_TILES ahead (of the next_rows rows after this tile; rb bytes each) is asked for
+   while this one decodes, a share per sub-block: decoding otherwise stalls on the first touch of every
+   cache line (in row_scales, which reads each block's scales first). With the hardware prefetcher
+   alone a batch-1 decode step's 121 products took 13.3 ms, with the next tile prefetched 10.9 ms (1
+   thread, SmolLM2-135M's Q4_1 layers and Q8_0 head streamed from memory, medians of 5 interleaved
+   runs). One tile ahead is about 150 ns of decoding at one row, about a memory latency; two tiles
+   ahead took the engine's batch-1 step from 15.3 to 13.7-14.1 ms (1 thread) and 9.2 to 8.6 ms (2
+   threads). Those prefetches were asked for a row at a time as its scales were gathered; for rows
+   of many bytes (bf16: 18 lines a row at K = 576) that stalled on the full line-fill buffers, and a
+   one-row bf16 product streamed from memory at 8 GB/s on one Zen 4 core. Spread over the sub-blocks
+   of a tile decoded in registers (up to TILE_M rows) it reads 22-26 GB/s, and the bf16-mode engine
+   step went from 19.8 to 9.5 ms (2 threads). More rows decode the tile into buf first, and ask for a
+   row ahead at a time as before: spread over that decoding, 5 rows of Q4_1 took 440 us, not 310. */
 #define PREFETCH_TILES 2
 static inline __attribute__((always_inline)) void rows(const int type, const int NB, const float *x, int64_t ldx,
                                                      int64_t m_len, int64_t nsub, const uint8_t *w, int64_t rb,
                                                      int64_t next_rows, scratch_t *scratch, const float *row_scale,
                                                      float *out, int64_t ldo) {
-    for (int j = 0; j < NB; j++) {
-        int64_t ahead = (PREFETCH_TILES - 1) * NB + j; /* its index among the next_rows rows after this tile */
-        if (ahead < next_rows) prefetch(w + (NB + ahead) * rb, w + (NB + ahead + 1) * rb);
+    int64_t ahead_rows = next_rows - (PREFETCH_TILES - 1) * NB; /* rows of the tile PREFETCH_TILES ahead */
+    ahead_rows = ahead_rows < 0 ? 0 : ahead_rows > NB ? NB : ahead_rows;
+    const uint8_t *pf = w + PREFETCH_TILES * NB * rb;
+    for (int j = 0; j < NB; j++) { /* more rows than a tile: row j ahead as row j's scales are gathered */
+        if (m_len > TILE_M && j < ahead_rows) prefetch_share(pf + j * rb, rb, 0, 1);
         row_scales(type, w + j * rb, nsub, scratch->sc + j * 3 * nsub);
     }
     const wsub_t *pre = NULL;
@@ -604,7 +615,7 @@ static inline __attribute__((always_inline)) void rows(const int type, const int
     }
     for (int64_t m = 0; m < m_len; m += TILE_M)
         tile_rows(type, NB, m_len - m < TILE_M ? m_len - m : TILE_M, x + m * ldx, ldx, nsub, w, rb, scratch->sc, pre,
-                  row_scale, out + m * ldo, ldo);
+                  row_scale, out + m * ldo, ldo, pf, pre ? 0 : ahead_rows * rb);
 }
 
 /* Many rows (prefill, batches): a panel of np tiles (np * TILE_N weight rows) is decoded into buf once,
@@ -626,7 +637,7 @@ static inline __attribute__((always_inline)) void panel(const int type, int64_t 
             const wsub_t *pre = scratch->buf + p * TILE_N * nsub;
             const float *rs = row_scale ? row_scale + p * TILE_N : NULL;
             float *o = out + m * ldo + p * TILE_N;
-            tile_rows(type, TILE_N, mb, x + m * ldx, ldx, nsub, NULL, rb, NULL, pre, rs, o, ldo);
+            tile_rows(type, TILE_N, mb, x + m * ldx, ldx, nsub, NULL, rb, NULL, pre, rs, o, ldo, NULL, 0);
         }
     }
 }

@@ -33,8 +33,8 @@ the drafter's drafts are kept only if E / cost then beats the step without them.
 (CUDA, where a few more rows cost nothing) every offered draft is verified. Examples (c = 0.05,
 s = 0): one request with acceptance 0.85 verifies all 8 drafts (the 8th is worth 0.27 >= 0.17),
 while 8 requests with acceptance 0.5 verify one draft each (the first is worth 0.5 >= 0.29; then a
-second, worth 0.25, falls short of 0.33). The CPU defaults are c = 0.07 for float32 and bf16 weights,
-0.15 for int8 and 0.24 for GGUF formats (``eyas.spec.config.CPU_ROW_COSTS``) and, for hidden-state
+second, worth 0.25, falls short of 0.33). The CPU defaults are c = 0.07 for float32 weights, 0.21 for
+bf16, 0.34 for int8 and 0.25 for GGUF formats (``eyas.spec.config.CPU_ROW_COSTS``) and, for hidden-state
 drafters, s = 0.35. With c = 0.07 (k = 1) one request at acceptance 0.5 drafts (1.5 tokens for 1.49
 beat 1 for 1.07), at 0.36 it does not (1.36 / 1.49 < 1 / 1.07); 14 requests at 0.5 would take a
 draft each, but 21 tokens for 3.31 fall short of 14 for 1.98, so none drafts. Leading drafts forced

@@ -13,12 +13,12 @@ METHOD_FIELDS = frozenset({"prompt_lookup_min", "prompt_lookup_max", "model", "d
 VERIFICATION_MODES = ("rejection", "shared_noise")
 # One more row of a CPU forward, as a fraction of a one-row forward, by the target's weight format: the
 # slope c of a forward of n rows costing (1 + c * n) / (1 + c) one-row forwards, least-squares over n = 1..16
-# (one request, n new rows on a cached 192-token prefix, SmolLM2-135M, AMD Zen 4, 2 threads; 1 thread alike).
-# Float32 and bf16 rows are read from memory once whatever the rows, so a row adds little (16 rows:
-# 2.06x and 1.91x a one-row forward; fp32 on 1 thread, 62.5 ms a row, gave 0.07 before too); eyas's int8
-# and GGUF kernels decode every weight in registers and multiply it into each row with float32 FMAs,
-# so rows cost their arithmetic (16 rows: 2.97x and 3.86x; 2 rows already 1.19x in GGUF).
-CPU_ROW_COSTS = {None: 0.07, "bf16": 0.07, "int8": 0.15, "gguf": 0.24}
+# (benchmarks/bench_row_cost.py: one request, n new rows on a cached 192-token prefix, SmolLM2-135M, AMD
+# Zen 4, 2 threads). Float32 rows are read from memory once whatever the rows, so a row adds little (16
+# rows: 2.07x a one-row forward); eyas's bf16, int8 and GGUF kernels read fewer bytes and decode every
+# weight in registers, multiplying it into each row with float32 FMAs, so rows cost their arithmetic
+# (16 rows: 3.36x, 4.61x and 4.11x; past 4 rows, one register tile, a decoded tile goes through memory).
+CPU_ROW_COSTS = {None: 0.07, "bf16": 0.21, "int8": 0.34, "gguf": 0.25}
 
 
 @dataclass(frozen=True)
