@@ -176,14 +176,13 @@ class Sampler:
         k = torch.where(batch.top_k > 0, batch.top_k.clamp(max=vocab), vocab)  # [N]
         widths = ([min(batch.max_top_k, vocab)] if batch.max_top_k > 0
                   else [w for w in NUCLEUS_WIDTHS if w < vocab] + [vocab])
-        threshold = torch.empty(x.shape[0], 1, dtype=x.dtype, device=x.device)  # [N, 1]
-        rows = torch.arange(x.shape[0], device=x.device)  # rows not settled yet
-        for i, width in enumerate(widths):
-            found, settled = _thresholds(x[rows], k[rows], batch.top_p[rows], width)
-            threshold[rows] = found
-            if i == len(widths) - 1 or settled.all():  # the last width settles whatever is left
+        threshold, settled = _thresholds(x, k, batch.top_p, widths[0])  # [N, 1], [N]
+        rows = torch.arange(x.shape[0], device=x.device)
+        for width in widths[1:]:  # the last, the whole vocabulary, settles whatever is left
+            rows = rows[~settled]  # the rows the narrower width did not settle
+            if not len(rows):
                 break
-            rows = rows[~settled]
+            threshold[rows], settled = _thresholds(x[rows], k[rows], batch.top_p[rows], width)
         return x.masked_fill(x < threshold, -math.inf)
 
     def sample(self, logits: Tensor, batch: SamplingBatch) -> SamplerOutput:

@@ -11,9 +11,9 @@ One step (H = drafter hidden, Ht = target hidden, Vd = draft vocabulary):
     logits = lm_head(norm(h))                                     [T, Vd] -> target ids via d2t
 
 The layers after the first (``num_hidden_layers`` > 1, as vLLM's EAGLE-3 model runs them, stored as
-``layers.1``, ``layers.2``, ... beside ``midlayer``) give the drafter attention over its own
-states: a first layer can bring each position its predecessor, a second match on it (copying
-repeated text, which one layer over this kind of input does not learn).
+``layers.1``, ``layers.2``, ... beside ``midlayer``) attend over the first layer's states. For
+SmolLM2-135M on 237k regenerated tokens a second layer gave 1.467 tokens per step at k = 4 against
+one layer's 1.454, at two thirds of the training speed.
 
 The aux states are concatenated in ascending layer order, as the target's
 ``ModelOutput.aux_hidden.flatten(1)`` lays them out.
