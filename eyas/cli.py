@@ -272,6 +272,20 @@ def cmd_extract(args) -> int:
     return 0
 
 
+def cmd_regenerate(args) -> int:
+    from eyas.data.regenerate import run_regenerate
+
+    counts = run_regenerate(args.data, args.out, model=args.model, max_samples=args.max_samples,
+                            max_turns=args.max_turns, max_tokens=args.max_tokens, max_len=args.max_len,
+                            chunk_size=args.chunk_size, dtype=args.dtype, device=args.device,
+                            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                            kv_cache_gb=args.kv_cache_gb, enable_prefix_caching=not args.no_prefix_caching,
+                            num_threads=args.threads, enforce_eager=args.enforce_eager)
+    print(f"{counts['written']} conversations ({counts['skipped']} skipped), {counts['replies']} replies "
+          f"({counts['truncated']} cut at --max-tokens) in {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eyas", description="eyas: a compact LLM inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -325,6 +339,20 @@ def build_parser() -> argparse.ArgumentParser:
     ext.add_argument("--chunk-size", type=int, default=128, help="conversations per journaled chunk")
     _engine_args(ext, speculative=False)
     ext.set_defaults(func=cmd_extract)
+    reg = sub.add_parser("regenerate", help="replace the replies of chat data by the target's own, greedy, into a "
+                                            ".jsonl for `eyas extract` or `eyas train --online` (resumable)")
+    reg.add_argument("--data", required=True,
+                     help="ShareGPT .json, .jsonl of conversations, or 'sharegpt' for the shipped ShareGPT file")
+    reg.add_argument("--out", required=True, help="the .jsonl file to write (and to resume)")
+    reg.add_argument("--max-samples", type=int, default=None, help="use the first N conversations")
+    reg.add_argument("--max-turns", type=int, default=None,
+                     help="keep each conversation's first N exchanges (user turn and reply); default: all")
+    reg.add_argument("--max-tokens", type=int, default=512, help="longest regenerated reply")
+    reg.add_argument("--max-len", type=int, default=None,
+                     help="longest conversation in tokens; later turns are dropped (default: 2048 or the model's limit)")
+    reg.add_argument("--chunk-size", type=int, default=256, help="conversations per journaled chunk")
+    _engine_args(reg, speculative=False)
+    reg.set_defaults(func=cmd_regenerate)
     from eyas.train.command import add_train_parser
 
     add_train_parser(sub)

@@ -243,40 +243,10 @@ def _extract(llm, samples: list[Sample], out: Path, max_tokens: int) -> list[dic
 
 
 def _regenerate(llm, samples: list[Sample], max_len: int, max_tokens: int) -> None:
-    """Replace every assistant turn but the last by the target's own reply, round by round across the chunk,
-    and end each conversation with the turn its last reply answers (``_extract`` generates that one).
+    """Replace every assistant turn but the last by the target's own reply and end each conversation with the
+    turn its last reply answers (``_extract`` generates that one, dumping its states)."""
+    from eyas.data.regenerate import regenerate_replies
 
-    Round r regenerates the r-th assistant turn of every sample that has one before its last, conditioned on
-    the regenerated turns before it. A sample whose history outgrows ``max_len`` at turn j ends instead at
-    the reply before j, which is then the one generated with the dump.
-    """
-    tok = llm.get_tokenizer()
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, speculate=False)  # no dump
-    history = {}
-    for s in samples:
-        messages = list(s.conversation.messages)
-        if messages and messages[-1]["role"] == "assistant":
-            messages.pop()  # the last reply: generated with the dump
-        history[s.sample_id] = messages
-    for r in itertools.count():
-        batch, prompts = [], []
-        for sample in samples:
-            messages = history[sample.sample_id]
-            turns = [j for j, m in enumerate(messages) if m["role"] == "assistant"]
-            if r >= len(turns):
-                continue
-            j = turns[r]
-            ids = tok.encode(tok.apply_chat_template(messages[:j], add_generation_prompt=True),
-                             add_special_tokens=False)
-            if len(ids) >= max_len - 1:
-                history[sample.sample_id] = messages[:turns[r - 1] if r else j]
-                continue
-            batch.append((sample.sample_id, j))
-            prompts.append(ids)
-        if not batch:
-            break
-        outs = llm.generate(prompts, params, use_tqdm=False)  # replies are cut at max_len
-        for (sample_id, j), out in zip(batch, outs):
-            history[sample_id][j] = {"role": "assistant", "content": out.outputs[0].text}
-    for sample in samples:
-        sample.conversation = Conversation(sample.conversation.id, history[sample.sample_id])
+    chats, _ = regenerate_replies(llm, [s.conversation for s in samples], max_len, max_tokens, last=False)
+    for sample, chat in zip(samples, chats):
+        sample.conversation = chat

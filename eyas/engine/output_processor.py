@@ -38,6 +38,8 @@ class OutputProcessor:
         state.num_detokenized += len(new_tokens)
         if state.logprobs is not None and logprobs:
             state.logprobs.extend(logprobs)
+        if not request.params.detokenize:
+            return False
         old_len = len(state.text)
         state.text += state.detokenizer.add(new_tokens)
         if request.status.finished:

@@ -24,6 +24,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n logprobs per token, plus the sampled one (0: it only)
     skip_special_tokens: bool = True
+    detokenize: bool = True  # False: outputs carry token ids only (text ""), no per-step decoding
     speculate: bool = True  # False: this request opts out of speculative decoding
     presence_penalty: float = 0.0  # subtracted from the logits of tokens already in the output
     frequency_penalty: float = 0.0  # times each token's count in the output, subtracted
@@ -75,6 +76,9 @@ class SamplingParams:
             self.stop = list(self.stop)
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise bad("stop", self.stop, "a non-empty string or a list of non-empty strings")
+        if self.stop and not self.detokenize:
+            raise bad("stop", self.stop, "empty with detokenize=False (stop strings are matched in the text); "
+                                         "use stop_token_ids")
         if self.stop_token_ids is not None and any(t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", self.stop_token_ids, "a list of token ids >= 0")
         if self.structured_output is not None:

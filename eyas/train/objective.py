@@ -122,15 +122,21 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     """
 
     CHUNK = 32  # rows: a float32 chunk of 8,192 logits is 1 MiB, inside a core's L2
+    GPU_CHUNK = 4096  # on a GPU, rows per launch: a loop of 32-row chunks is bound by kernel launches
+
+    @staticmethod
+    def rows_per_chunk(logits: torch.Tensor) -> int:
+        return _ChunkedCrossEntropy.CHUNK if logits.device.type == "cpu" else _ChunkedCrossEntropy.GPU_CHUNK
 
     @staticmethod
     def forward(ctx, logits, probs, rows, labels):
         n = logits.shape[0]
+        chunk = _ChunkedCrossEntropy.rows_per_chunk(logits)
         ce = torch.empty(n, dtype=torch.float32, device=logits.device)
         lse = torch.empty_like(ce)
         argmax = torch.empty(n, dtype=torch.int64, device=logits.device)
-        for i in range(0, n, _ChunkedCrossEntropy.CHUNK):
-            z = logits[i:i + _ChunkedCrossEntropy.CHUNK].float()  # [c, Vd]
+        for i in range(0, n, chunk):
+            z = logits[i:i + chunk].float()  # [c, Vd]
             lse[i:i + len(z)] = torch.logsumexp(z, dim=-1)
             if probs is not None:
                 dot = torch.linalg.vecdot(probs[rows[i:i + len(z)]], z)
@@ -146,8 +152,9 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_ce, grad_argmax):
         logits, probs, rows, labels, lse = ctx.saved_tensors
         grad = torch.empty_like(logits)
-        for i in range(0, len(logits), _ChunkedCrossEntropy.CHUNK):
-            z = logits[i:i + _ChunkedCrossEntropy.CHUNK].float()
+        chunk = _ChunkedCrossEntropy.rows_per_chunk(logits)
+        for i in range(0, len(logits), chunk):
+            z = logits[i:i + chunk].float()
             g = torch.exp(z - lse[i:i + len(z)].unsqueeze(-1))  # softmax(z)
             if probs is not None:
                 g -= probs[rows[i:i + len(z)]]

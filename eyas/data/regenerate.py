@@ -1,0 +1,145 @@
+"""``eyas regenerate``: self-distillation data without hidden states. Every reply of a conversation is
+replaced by the target's own, greedy, and the conversations are written as a ``.jsonl`` file that
+``eyas extract --data`` (states from one prefill per conversation) and ``eyas train --online`` (states
+computed in the training loop, no dumps) read like any chat data.
+
+Per conversation (sample id = its index in the data, ``000042``): optionally keep its first ``max_turns``
+exchanges, drop assistant turns before the first user turn, then regenerate round by round across a chunk
+of conversations: round r replaces the r-th reply of every conversation that has one, conditioned on the
+regenerated replies before it (a conversation that ends with a user turn gets a reply to it too). A reply
+is cut at ``max_tokens``; a conversation whose history outgrows ``max_len`` ends before that turn.
+
+The output is its own journal: one line per conversation, written once its chunk is done,
+``{"id": "000042", "conversation_id": ..., "messages": [...], "truncated": [...]}`` (``truncated``: per
+reply, whether it hit ``max_tokens`` rather than ending), or ``{"id": ..., "skipped": why}``. Re-running
+the same command cuts a torn last line and goes on after the journaled conversations.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from pathlib import Path
+
+from eyas.data.extract import conversations, first_turns, without_leading_replies
+from eyas.data.manifest import Journal, changed_settings, write_json_atomic
+from eyas.data.sharegpt import Conversation
+from eyas.sampling.params import SamplingParams
+
+logger = logging.getLogger("eyas")
+
+
+def regenerate_replies(llm, chats: list[Conversation], max_len: int, max_tokens: int, *,
+                       last: bool = True) -> tuple[list[Conversation], list[list[bool]]]:
+    """The conversations with their replies replaced by the target's own (greedy, up to ``max_tokens``), and
+    per conversation whether each regenerated reply was cut at ``max_tokens``.
+
+    ``last=False``: the last reply is dropped instead of regenerated, so each conversation ends with the
+    turn that reply answers (``eyas extract`` generates that one itself, dumping its states). Round r
+    regenerates the r-th reply of every conversation that has one, in one batch, conditioned on the
+    regenerated history; a history of ``max_len - 1`` tokens or more ends the conversation before that turn.
+    """
+    tok = llm.get_tokenizer()
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, speculate=False, detokenize=False)
+    history, cut = [], []
+    for chat in chats:
+        messages = list(chat.messages)
+        if messages and messages[-1]["role"] == "assistant" and not last:
+            messages.pop()
+        elif messages and messages[-1]["role"] != "assistant" and last:
+            messages.append({"role": "assistant", "content": ""})  # a reply to the final user turn
+        history.append(messages)
+        cut.append([])
+    for r in itertools.count():
+        batch, prompts = [], []
+        for i, messages in enumerate(history):
+            replies = [j for j, m in enumerate(messages) if m["role"] == "assistant"]
+            if r >= len(replies):
+                continue
+            j = replies[r]
+            ids = tok.encode(tok.apply_chat_template(messages[:j], add_generation_prompt=True),
+                             add_special_tokens=False)
+            if len(ids) >= max_len - 1:
+                history[i] = messages[:replies[r - 1] + 1] if r and last else messages[:replies[r - 1] if r else j]
+                continue
+            batch.append((i, j))
+            prompts.append(ids)
+        if not batch:
+            break
+        for (i, j), out in zip(batch, llm.generate(prompts, params, use_tqdm=False)):
+            history[i][j] = {"role": "assistant", "content": tok.decode(out.outputs[0].token_ids)}
+            cut[i].append(out.outputs[0].finish_reason == "length")
+    return [Conversation(c.id, h) for c, h in zip(chats, history)], cut
+
+
+def run_regenerate(data: str, out: str | Path, *, model: str | None = None, max_samples: int | None = None,
+                   max_turns: int | None = None, max_tokens: int = 512, max_len: int | None = None,
+                   chunk_size: int = 256, progress: bool = True, **llm_kwargs) -> dict:
+    """Run (or resume) the job; returns counts. ``out`` is the ``.jsonl`` file (its settings are pinned in
+    ``<out>.job.json``); ``llm_kwargs`` go to ``LLM``."""
+    from eyas.data.extract import DEFAULT_MAX_LEN
+    from eyas.llm import LLM
+
+    out = Path(out)
+    if out.suffix != ".jsonl":
+        raise ValueError(f"out: '{out}' must name a .jsonl file (the regenerated conversations)")
+    if max_samples is not None and max_samples < 1:
+        raise ValueError(f"max_samples: {max_samples} must be >= 1")
+    if max_turns is not None and max_turns < 1:
+        raise ValueError(f"max_turns: {max_turns} must be >= 1")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens: {max_tokens} must be >= 1")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size: {chunk_size} must be >= 1")
+    llm = LLM(model, max_model_len=max_len or DEFAULT_MAX_LEN, **llm_kwargs)
+    max_len = llm.engine.config.scheduler.max_model_len
+    out.parent.mkdir(parents=True, exist_ok=True)
+    job = out.with_name(out.name + ".job.json")
+    settings = {"format": "eyas-regenerated/1", "data": data, "model": llm.engine.config.model.path.name,
+                "max_turns": max_turns, "max_tokens": max_tokens, "max_len": max_len,
+                "dtype": str(llm.engine.config.dtype).removeprefix("torch.")}
+    changed = changed_settings(job, settings)
+    if changed:
+        raise ValueError(f"out: {out} was written with other settings ({', '.join(changed)} differ); resume with "
+                         "the same settings or write another file")
+    if changed is None:
+        write_json_atomic(job, settings)
+    journal = Journal(out)
+    done = journal.read()
+    todo = ((f"{i:06d}", c) for i, c in enumerate(itertools.islice(conversations(data), max_samples)))
+    todo = ((sid, first_turns(without_leading_replies(c), max_turns)) for sid, c in todo if sid not in done)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        total = sum(1 for _ in itertools.islice(conversations(data), max_samples))
+        bar = tqdm(total=total, initial=min(total, len(done)), desc="regenerate", unit="conv", dynamic_ncols=True)
+    counts = {"written": 0, "skipped": 0, "replies": 0, "truncated": 0}
+    start = time.perf_counter()
+    while chunk := list(itertools.islice(todo, chunk_size)):
+        usable = [(sid, c) for sid, c in chunk if any(m["role"] == "user" for m in c.messages)]
+        chats, cut = regenerate_replies(llm, [c for _, c in usable], max_len, max_tokens)
+        regenerated = {sid: (chat, flags) for (sid, _), chat, flags in zip(usable, chats, cut)}
+        entries = []
+        for sid, conversation in chunk:
+            chat, flags = regenerated.get(sid, (None, []))
+            if not flags:
+                why = "no user turn" if chat is None else f"the first prompt does not fit in {max_len} tokens"
+                entries.append({"id": sid, "conversation_id": conversation.id, "skipped": why})
+                continue
+            entries.append({"id": sid, "conversation_id": conversation.id, "messages": chat.messages,
+                            "truncated": flags})
+        journal.append(entries)
+        for e in entries:
+            counts["skipped" if "skipped" in e else "written"] += 1
+            counts["replies"] += len(e.get("truncated", ()))
+            counts["truncated"] += sum(e.get("truncated", ()))
+        if bar is not None:
+            bar.update(len(chunk))
+            bar.set_postfix_str(f"{counts['replies'] / (time.perf_counter() - start):.1f} replies/s")
+    if bar is not None:
+        bar.close()
+    logger.info("regenerate: %d conversations written (%d skipped, %d replies, %d cut at max_tokens) to %s",
+                counts["written"], counts["skipped"], counts["replies"], counts["truncated"], out)
+    return counts
