@@ -101,7 +101,7 @@ class Eagle3Recipe(Recipe):
 
     @property
     def vocab_ids(self) -> torch.Tensor:
-        return self.drafter.d2t + torch.arange(self.drafter.draft_vocab_size)
+        return self.drafter.d2t + torch.arange(self.drafter.draft_vocab_size, device=self.drafter.d2t.device)
 
     def first_hidden(self, batch: Batch) -> torch.Tensor:
         return batch.aux.flatten(0, 1)  # [B*T, n_aux * Ht]
