@@ -279,3 +279,31 @@ def test_several_dump_folders_are_one_dataset(tmp_path, tiny_models):
     with pytest.raises(ValueError, match=r"'.*c' hold layers \[1, 3\].*same layers"):
         DumpData([tmp_path / "a", tmp_path / "c"], cfg, None)
     assert TrainConfig(method="eagle3", data=str(tmp_path / "a"), out="x").data == (str(tmp_path / "a"),)
+
+
+@pytest.mark.parametrize("method,extra", [("eagle3", {}), ("mtp", {"num_layers": 2})])
+def test_init_starts_from_a_drafter_folder_and_fine_tunes_it(peaked, tmp_path, method, extra):
+    first = Trainer(_config(peaked, tmp_path / "first", method, epochs=4, **extra), progress=False)
+    first.train()
+    folder = save_drafter(first.recipe.drafter, tmp_path / "folder", method, dtype=torch.float32)
+    # another vocabulary size is ignored: fine-tuning keeps the folder's draft vocabulary
+    tuned = Trainer(_config(peaked, tmp_path / "tuned", method, epochs=4, init=str(folder), draft_vocab_size=100,
+                            **extra), progress=False)
+    start = {k: v.clone() for k, v in tuned.recipe.drafter.state_dict().items()}
+    for name, tensor in first.recipe.drafter.state_dict().items():
+        assert torch.equal(start[name], tensor), name
+    before, _ = _acceptance(peaked, folder, method)
+    tuned.train()
+    after, _ = _acceptance(peaked, save_drafter(tuned.recipe.drafter, tmp_path / "after", method), method)
+    rows = [json.loads(line) for line in (tmp_path / "tuned" / "metrics.jsonl").read_text().splitlines()]
+    fresh = [json.loads(line) for line in (tmp_path / "first" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["loss"] < 0.5 * fresh[0]["loss"]  # it starts where the first run ended, not from scratch
+    assert after >= before - 0.05, (before, after)
+    with pytest.raises(ValueError, match="does not have this run's shape.*--num-layers"):
+        Trainer(_config(peaked, tmp_path / "wrong", method, init=str(folder),
+                        num_layers=3 if method == "mtp" else 2), progress=False)
+    if method == "eagle3":
+        with pytest.raises(ValueError, match=r"reads layers \[0, 1, 2\].*--aux-layer-ids 0,1,2"):
+            Trainer(_config(peaked, tmp_path / "aux", method, init=str(folder), aux_layer_ids=(0, 2)), progress=False)
+    with pytest.raises(ValueError, match="is not a .* drafter folder"):
+        Trainer(_config(peaked, tmp_path / "missing", method, init=str(tmp_path / "nowhere")), progress=False)

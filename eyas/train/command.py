@@ -66,6 +66,9 @@ def add_train_parser(sub) -> None:
     p.add_argument("--checkpoint-every", type=int, default=100, help="steps between atomic checkpoints")
     p.add_argument("--resume", action="store_true",
                    help="require a checkpoint in --out to resume from (the same command resumes anyway when one exists)")
+    p.add_argument("--init", default=None,
+                   help="start from this drafter folder (fine-tuning), e.g. the shipped one; eagle3 keeps its draft "
+                        "vocabulary (--draft-vocab-size is then ignored)")
     p.add_argument("--format", choices=["eagle3", "speculators", "mtp"], default=None,
                    help="drafter layout: eagle3 (SafeAILab/SpecForge, vLLM), speculators, or mtp (DeepSeek)")
     p.add_argument("--autocast", choices=["auto", "on", "off"], default="auto",
@@ -92,7 +95,7 @@ def _config(args):
                        schedule=args.schedule, warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
                        grad_clip=args.grad_clip, max_len=args.max_len, batch_tokens=args.batch_tokens,
                        seed=args.seed, checkpoint_every=args.checkpoint_every, autocast=args.autocast,
-                       device=args.device, resume=args.resume)
+                       device=args.device, resume=args.resume, init=args.init)
 
 
 def _eval_prompts(args, tokenizer) -> list[list[int]]:

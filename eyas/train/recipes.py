@@ -68,6 +68,15 @@ class Recipe(ABC):
         """Steps run over the target's states before the unroll, only to record step layers' base keys."""
         return []
 
+    def load_weights(self, loaded: Drafter, folder: str) -> None:
+        """Start from ``loaded`` (``--init``): a drafter of the same shape, read from ``folder``."""
+        mine, theirs = self.drafter.state_dict(), loaded.state_dict()
+        wrong = sorted(k for k in mine if k not in theirs or theirs[k].shape != mine[k].shape)
+        if wrong:
+            raise ValueError(f"init: the drafter in '{folder}' does not have this run's shape ({', '.join(wrong[:4])} "
+                             "differ); give --num-layers as the folder has it")
+        self.drafter.load_state_dict({k: theirs[k].to(v.dtype) for k, v in mine.items()})
+
 
 class Eagle3Recipe(Recipe):
     """EAGLE-3: fc over the aux streams, ``num_layers`` decoder layers (the first over embedding and hidden
@@ -95,9 +104,20 @@ class Eagle3Recipe(Recipe):
 
     @classmethod
     def for_run(cls, target: nn.Module, max_positions: int, config, data) -> "Eagle3Recipe":
-        vocab = select_draft_vocabulary(data.frequencies, config.draft_vocab_size, target.config.vocab_size)
-        return cls(target, max_positions, aux_layer_ids=data.aux_layer_ids,
-                   vocab_ids=vocab.to(target.embed_tokens.weight.device), num_layers=config.num_layers)
+        loaded = _load_init(config, target, max_positions, cls.method)
+        if loaded is None:
+            vocab = select_draft_vocabulary(data.frequencies, config.draft_vocab_size, target.config.vocab_size)
+        else:  # fine-tuning keeps the folder's draft vocabulary and reads the streams it was trained on
+            vocab = loaded.d2t + torch.arange(loaded.draft_vocab_size)
+            if loaded.aux_layer_ids != data.aux_layer_ids:
+                raise ValueError(f"init: the drafter in '{config.init}' reads layers {list(loaded.aux_layer_ids)}, "
+                                 f"the data gives {list(data.aux_layer_ids)}; pass --aux-layer-ids "
+                                 f"{','.join(map(str, loaded.aux_layer_ids))}")
+        recipe = cls(target, max_positions, aux_layer_ids=data.aux_layer_ids,
+                     vocab_ids=vocab.to(target.embed_tokens.weight.device), num_layers=config.num_layers)
+        if loaded is not None:
+            recipe.load_weights(loaded, config.init)
+        return recipe
 
     @property
     def vocab_ids(self) -> torch.Tensor:
@@ -132,7 +152,11 @@ class MtpRecipe(Recipe):
 
     @classmethod
     def for_run(cls, target: nn.Module, max_positions: int, config, data) -> "MtpRecipe":
-        return cls(target, max_positions, num_layers=config.num_layers)
+        recipe = cls(target, max_positions, num_layers=config.num_layers)
+        loaded = _load_init(config, target, max_positions, cls.method)
+        if loaded is not None:
+            recipe.load_weights(loaded, config.init)
+        return recipe
 
     @property
     def vocab_ids(self) -> None:
@@ -146,6 +170,19 @@ class MtpRecipe(Recipe):
 
     def prefill_steps(self) -> list[int]:
         return list(range(1, self.drafter.num_step_layers))
+
+
+def _load_init(config, target: nn.Module, max_positions: int, method: str) -> Drafter | None:
+    """The drafter of ``config.init`` (a folder eyas loads, of this method), or None without ``--init``."""
+    if config.init is None:
+        return None
+    from eyas.model.drafters.checkpoint import load_drafter
+
+    try:
+        return load_drafter(config.init, target, dtype=torch.float32, device=torch.device("cpu"),
+                            max_positions=max_positions, method=method)
+    except (OSError, KeyError, ValueError) as error:
+        raise ValueError(f"init: '{config.init}' is not a {method} drafter folder eyas loads ({error})") from None
 
 
 def unroll(recipe: Recipe, batch: Batch, num_steps: int) -> list[torch.Tensor]:

@@ -75,6 +75,7 @@ class TrainConfig:
     autocast: str = "auto"  # "auto": bf16 on CUDA and on CPUs with native bf16 matmuls; "on"; "off"
     device: str | None = None
     resume: bool = False
+    init: str | None = None  # a drafter folder to start from (fine-tuning) instead of a fresh initialisation
 
     def __post_init__(self):
         def need(ok: bool, message: str) -> None:
