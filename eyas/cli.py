@@ -107,14 +107,19 @@ def _spec_config(args) -> dict | None:
     return config
 
 
+def _engine_kwargs(args) -> dict:
+    """The engine group's flags as ``LLM`` keyword arguments (every command that builds an engine)."""
+    return dict(dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_gb=args.kv_cache_gb,
+                enable_prefix_caching=not args.no_prefix_caching, num_threads=args.threads,
+                enforce_eager=args.enforce_eager, quantization=None if args.quantization == "none" else args.quantization)
+
+
 def _make_llm(args):
     from eyas import LLM
 
-    return LLM(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-               kv_cache_gb=args.kv_cache_gb, enable_prefix_caching=not args.no_prefix_caching,
-               num_threads=args.threads, enforce_eager=args.enforce_eager, speculative_config=_spec_config(args),
-               quantization=None if args.quantization == "none" else args.quantization)
+    return LLM(args.model, max_model_len=args.max_model_len, speculative_config=_spec_config(args),
+               **_engine_kwargs(args))
 
 
 def _spec_line(metrics: dict) -> str:
@@ -264,9 +269,7 @@ def cmd_extract(args) -> int:
     manifest = run_extract(args.data, args.out, model=args.model, layers=args.layers, regenerate=args.regenerate,
                            max_samples=args.max_samples, max_len=args.max_len,
                            max_turns=args.max_turns, regen_max_tokens=args.regen_max_tokens, chunk_size=args.chunk_size,
-                           dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
-                           max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_gb=args.kv_cache_gb,
-                           enable_prefix_caching=not args.no_prefix_caching, num_threads=args.threads)
+                           **_engine_kwargs(args))
     print(f"{manifest['num_samples']} samples ({manifest['num_skipped']} skipped), {manifest['num_tokens']} tokens "
           f"({manifest['num_loss_tokens']} with loss) in {args.out}; manifest: {args.out}/manifest.json")
     return 0
@@ -277,10 +280,7 @@ def cmd_regenerate(args) -> int:
 
     counts = run_regenerate(args.data, args.out, model=args.model, max_samples=args.max_samples,
                             max_turns=args.max_turns, max_tokens=args.max_tokens, max_len=args.max_len,
-                            chunk_size=args.chunk_size, dtype=args.dtype, device=args.device,
-                            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                            kv_cache_gb=args.kv_cache_gb, enable_prefix_caching=not args.no_prefix_caching,
-                            num_threads=args.threads, enforce_eager=args.enforce_eager)
+                            chunk_size=args.chunk_size, **_engine_kwargs(args))
     print(f"{counts['written']} conversations ({counts['skipped']} skipped), {counts['replies']} replies "
           f"({counts['truncated']} cut at --max-tokens) in {args.out}")
     return 0

@@ -7,7 +7,7 @@ import pytest
 from eyas.cli import main
 
 
-@pytest.mark.parametrize("command", [[], ["generate"], ["chat"], ["bench"], ["extract"]])
+@pytest.mark.parametrize("command", [[], ["generate"], ["chat"], ["bench"], ["extract"], ["regenerate"], ["train"]])
 def test_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(command + ["--help"])
@@ -97,3 +97,27 @@ def test_generate_with_a_json_schema_file(tiny_models, tmp_path, capsys):
     (tmp_path / "bad.json").write_text("{not json")
     assert main(["generate", "hello", "--json-schema", str(tmp_path / "bad.json"), *model]) == 2
     assert "--json-schema: cannot read a JSON schema from" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["extract", "regenerate"])
+def test_data_jobs_pass_every_engine_flag(command, tiny_models, tmp_path, monkeypatch):
+    """The engine flags of `eyas extract` / `eyas regenerate` reach the LLM (--quantization was once dropped)."""
+    from eyas import llm as llm_module
+
+    seen = {}
+    real = llm_module.LLM.__init__
+
+    def spy(self, model=None, **kwargs):
+        seen.update(kwargs)
+        real(self, model, **kwargs)
+
+    monkeypatch.setattr(llm_module.LLM, "__init__", spy)
+    data = tmp_path / "chats.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}))
+    out = tmp_path / ("regen.jsonl" if command == "regenerate" else "dumps")
+    extra = ["--max-tokens", "2"] if command == "regenerate" else []
+    assert main([command, "--data", str(data), "--out", str(out), "--model", str(tiny_models["llama"]),
+                 "--quantization", "none", "--max-num-seqs", "3", "--kv-cache-gb", "0.02", "--threads", "1",
+                 "--no-prefix-caching", *extra]) == 0
+    assert seen["quantization"] is None and seen["max_num_seqs"] == 3 and seen["num_threads"] == 1
+    assert seen["enable_prefix_caching"] is False and seen["kv_cache_gb"] == 0.02

@@ -22,9 +22,11 @@ import logging
 import time
 from pathlib import Path
 
+from eyas.config import ModelConfig
 from eyas.data.extract import conversations, first_turns, without_leading_replies
 from eyas.data.manifest import Journal, changed_settings, write_json_atomic
 from eyas.data.sharegpt import Conversation
+from eyas.model.resolve import resolve_model
 from eyas.sampling.params import SamplingParams
 
 logger = logging.getLogger("eyas")
@@ -92,7 +94,9 @@ def run_regenerate(data: str, out: str | Path, *, model: str | None = None, max_
         raise ValueError(f"max_tokens: {max_tokens} must be >= 1")
     if chunk_size < 1:
         raise ValueError(f"chunk_size: {chunk_size} must be >= 1")
-    llm = LLM(model, max_model_len=max_len or DEFAULT_MAX_LEN, **llm_kwargs)
+    if max_len is None:
+        max_len = min(DEFAULT_MAX_LEN, ModelConfig.from_folder(resolve_model(model)).max_position_embeddings)
+    llm = LLM(model, max_model_len=max_len, **llm_kwargs)
     max_len = llm.engine.config.scheduler.max_model_len
     out.parent.mkdir(parents=True, exist_ok=True)
     job = out.with_name(out.name + ".job.json")
