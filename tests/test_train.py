@@ -307,3 +307,12 @@ def test_init_starts_from_a_drafter_folder_and_fine_tunes_it(peaked, tmp_path, m
             Trainer(_config(peaked, tmp_path / "aux", method, init=str(folder), aux_layer_ids=(0, 2)), progress=False)
     with pytest.raises(ValueError, match="is not a .* drafter folder"):
         Trainer(_config(peaked, tmp_path / "missing", method, init=str(tmp_path / "nowhere")), progress=False)
+
+
+def test_a_finished_run_run_again_keeps_the_rate_it_trained_at(peaked, tmp_path):
+    """Re-running a finished command only exports (e.g. to measure acceptance): its card keeps the training rate."""
+    Trainer(_config(peaked, tmp_path / "run", max_steps=2), progress=False).train()
+    again = Trainer(_config(peaked, tmp_path / "run", max_steps=2), progress=False)
+    again.train()
+    last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert again.step == 2 and again.tokens_per_second == last["tokens_per_s"] > 0
