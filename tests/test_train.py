@@ -316,3 +316,18 @@ def test_a_finished_run_run_again_keeps_the_rate_it_trained_at(peaked, tmp_path)
     again.train()
     last = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert again.step == 2 and again.tokens_per_second == last["tokens_per_s"] > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method,extra", [("eagle3", {}), ("mtp", {"num_layers": 2})])
+def test_training_on_cuda_matches_the_cpu_loss(peaked, tmp_path, method, extra):
+    """The trainer's tensors all live on the run's device (an EAGLE-3 run once failed at its first step on CUDA:
+    the draft vocabulary's arange on the CPU); in float32 its first losses equal the CPU run's."""
+    losses = {}
+    for device in ("cpu", "cuda"):
+        trainer = Trainer(_config(peaked, tmp_path / device, method, max_steps=3, device=device, **extra), progress=False)
+        trainer.train()
+        rows = [json.loads(line) for line in (tmp_path / device / "metrics.jsonl").read_text().splitlines()]
+        losses[device] = [r["loss"] for r in rows]
+    assert losses["cuda"] == pytest.approx(losses["cpu"], rel=1e-3)
