@@ -97,7 +97,6 @@ def run_regenerate(data: str, out: str | Path, *, model: str | None = None, max_
     if max_len is None:
         max_len = min(DEFAULT_MAX_LEN, ModelConfig.from_folder(resolve_model(model)).max_position_embeddings)
     llm = LLM(model, max_model_len=max_len, **llm_kwargs)
-    max_len = llm.engine.config.scheduler.max_model_len
     out.parent.mkdir(parents=True, exist_ok=True)
     job = out.with_name(out.name + ".job.json")
     settings = {"format": "eyas-regenerated/1", "data": data, "model": llm.engine.config.model.path.name,
