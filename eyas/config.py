@@ -183,7 +183,7 @@ class EngineConfig:
         if not kernel_available():
             return None, ("eyas's quantized CPU kernel could not be built (no C compiler?), so the GGUF weights "
                           "are dequantized to the engine dtype")
-        from eyas.model.gguf import matrix_formats
+        from eyas.model.gguf_layout import matrix_formats
         from eyas.model.quantized import FORMATS
 
         unsupported = sorted(matrix_formats(model.path) - set(FORMATS) - {"F32"})

@@ -12,7 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eyas.model.gguf import MARKER_FILE, _unpermute_rope_rows, convert_gguf
+from eyas.model.gguf import convert_gguf
+from eyas.model.gguf_layout import MARKER_FILE, unpermute_rope_rows
 from eyas.model.resolve import cache_dir, default_gguf_path, resolve_model
 
 transformers = pytest.importorskip("transformers")
@@ -126,16 +127,16 @@ def write_tiny_gguf(path: Path, arch: str, n_head=4, n_kv=2, head_dim=8, hidden=
     return path
 
 
-def test_unpermute_rope_rows_inverts_llama_cpp_permutation():
+def testunpermute_rope_rows_inverts_llama_cpp_permutation():
     # llama.cpp permutes each head's rows [first half | second half] into interleaved pairs.
     def llama_cpp_permute(w, n_head):
         return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
     head = torch.tensor([10.0, 11.0, 20.0, 21.0])  # HF rows a0 a1 b0 b1
     assert llama_cpp_permute(head, 1).tolist() == [10.0, 20.0, 11.0, 21.0]
-    assert _unpermute_rope_rows(llama_cpp_permute(head, 1), 1).tolist() == head.tolist()
+    assert unpermute_rope_rows(llama_cpp_permute(head, 1), 1).tolist() == head.tolist()
     w = torch.randn(3 * 64, 7)
-    assert torch.equal(_unpermute_rope_rows(llama_cpp_permute(w, 3), 3), w)
+    assert torch.equal(unpermute_rope_rows(llama_cpp_permute(w, 3), 3), w)
 
 
 @pytest.mark.parametrize("arch,tied", [("llama", True), ("llama", False), ("qwen2", True), ("qwen3", False)])

@@ -3,6 +3,8 @@ kernels compute with are exactly the gguf package's dequantization (or the state
 weights), and the model's logits match HF transformers on those weights."""
 
 import dataclasses
+import subprocess
+import sys
 
 import gguf
 import numpy as np
@@ -177,7 +179,7 @@ def test_unsupported_block_format_is_refused_by_name(tmp_path):
     path = tmp_path / "q5.gguf"
     write_quantized_gguf(path, embed_format="Q5_0")
     folder = convert_gguf(path, tmp_path / "hf")  # the converter dequantizes any format gguf knows
-    from eyas.model.gguf import quantized_weights
+    from eyas.model.gguf_layout import quantized_weights
 
     with pytest.raises(ValueError, match=r"is in Q5_0, .*supported: F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K"):
         quantized_weights(path, folder)
@@ -245,6 +247,19 @@ def test_generation_in_gguf_mode_is_greedy_identical_with_speculation(tmp_path):
     spec = LLM(str(path), quantization="gguf", kv_cache_gb=0.05, max_model_len=256,
                speculative_config={"method": "ngram", "num_speculative_tokens": 3, "draft_row_cost": 0.0})
     assert [o.outputs[0].token_ids for o in spec.generate(prompts, params, use_tqdm=False)] == reference
+
+
+def test_serving_a_converted_gguf_needs_neither_the_gguf_package_nor_a_tokenizer_json_copy(tmp_path, monkeypatch):
+    """The memory goal's two easy leaks: importing ``gguf`` (about 3 MB resident) and holding the
+    tokenizer's JSON for a grammar compiler no request has used (about 3 MB on the default model)."""
+    path = write_quantized_gguf(tmp_path / "q.gguf")
+    monkeypatch.setenv("EYAS_CACHE_DIR", str(tmp_path / "cache"))
+    LLM(str(path), quantization="gguf", kv_cache_gb=0.05, max_model_len=256)  # converts, with gguf
+    child = (f"import sys; from eyas import LLM, SamplingParams; llm = LLM({str(path)!r}, quantization='gguf', "
+             "kv_cache_gb=0.05, max_model_len=256); llm.generate([[5, 6]], SamplingParams(max_tokens=2), use_tqdm=False); "
+             "print('gguf' in sys.modules, isinstance(llm.engine.grammars._tokenizer_json, str))")
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]  # (test_structured_output covers the compiler once asked for)
 
 
 @pytest.mark.parametrize("mode", ["gguf", "int8", "bf16", None])

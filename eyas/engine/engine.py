@@ -48,7 +48,7 @@ class Engine:
                                    spec.step_cost(device, self.runner.proposer) if spec else 0.0)
         self.outputs = OutputProcessor(tokenizer)
         # structured output: the grammar ends with the model's end-of-sequence tokens (else the tokenizer's)
-        self.grammars = GrammarCompiler(tokenizer.backend.to_str(), config.model.vocab_size,
+        self.grammars = GrammarCompiler(tokenizer.backend.to_str, config.model.vocab_size,
                                         sorted(config.model.eos_token_ids or tokenizer.eos_token_ids))
         self.num_kv_blocks = num_blocks
         self._seed_rng = random.Random(config.seed)

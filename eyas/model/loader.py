@@ -85,7 +85,7 @@ def _install_gguf_weights(model: torch.nn.Module, cfg: ModelConfig, dtype: torch
     if source is None:
         raise ValueError(f"quantization: 'gguf' needs a model loaded from a .gguf file; {cfg.path} is a Hugging "
                          "Face folder (use quantization='int8' or None)")
-    from eyas.model.gguf import quantized_weights
+    from eyas.model.gguf_layout import quantized_weights
 
     shards: dict[str, dict[int, object]] = {}
     counts: dict[str, int] = {}

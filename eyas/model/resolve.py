@@ -67,7 +67,7 @@ def _fingerprint(path: Path, size: int) -> str:
 
 def converted_gguf_folder(gguf_path: str | os.PathLike) -> Path:
     """The cached HF folder for ``gguf_path``, converting it on first use."""
-    from eyas.model.gguf import MARKER_FILE  # lazy: gguf/safetensors are only needed here
+    from eyas.model.gguf_layout import MARKER_FILE  # lazy: resolving an HF folder needs no torch
 
     gguf_path = Path(gguf_path).resolve()
     size = gguf_path.stat().st_size

@@ -23,6 +23,7 @@ model's 49k vocabulary, and its masks already keep the tokenizer's canonical spl
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import llguidance
@@ -78,17 +79,18 @@ def _grammar_text(kind: str, value) -> str:
 class GrammarCompiler:
     """Compiles specs against one tokenizer; built by the engine, once."""
 
-    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: list[int]):
+    def __init__(self, tokenizer_json: Callable[[], str], vocab_size: int, eos_token_ids: list[int]):
         self.vocab_size = vocab_size  # the model's (logits width), >= the tokenizer's
         self.eos_token_ids = list(eos_token_ids)
-        self._tokenizer_json = tokenizer_json
+        self._tokenizer_json = tokenizer_json  # called once, on the first structured request
         self._tokenizer: llguidance.LLTokenizer | None = None
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
-        """Built on the first structured request (about 0.2 s for a 49k vocabulary)."""
+        """Built on the first structured request (about 0.2 s for a 49k vocabulary). Until then no copy
+        of the tokenizer's JSON is held (about 3 MB for a 49k vocabulary)."""
         if self._tokenizer is None:
-            self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
+            self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json(), n_vocab=self.vocab_size,
                                                      eos_token=self.eos_token_ids)
         return self._tokenizer
 
