@@ -13,7 +13,8 @@ from stats_helpers import chi2_pvalue
 
 from eyas.sampling.params import SamplingParams
 from eyas.sampling.rejection import rejection_sample, shared_noise_verify
-from eyas.sampling.sampler import Sampler, SamplingBatch, gumbel_argmax
+from eyas.sampling.row_ops import gumbel_argmax
+from eyas.sampling.sampler import Sampler, SamplingBatch
 
 ALPHA = 1e-3
 R = 100_000

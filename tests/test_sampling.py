@@ -16,7 +16,8 @@ from stats_helpers import chi2_pvalue
 
 from eyas.sampling.noise import gumbel, uniform
 from eyas.sampling.params import SamplingParams
-from eyas.sampling.sampler import Sampler, SamplingBatch, gumbel_argmax
+from eyas.sampling.row_ops import gumbel_argmax
+from eyas.sampling.sampler import Sampler, SamplingBatch
 
 ALPHA = 1e-3
 
@@ -126,6 +127,36 @@ def test_uniform_rows_depend_only_on_own_seed_and_position():
         assert torch.equal(mixed[rows], uniform(seeds, positions, s, 33)[rows])
 
 
+@pytest.mark.parametrize("width", [1, 15, 16, 17, 1000])
+def test_gumbel_argmax_kernel_equals_the_noise_tensors(width):
+    """The CPU kernel (``token_ops.c``) against argmax(logprobs + gumbel(...)) built from the noise tensors:
+    full rows, rows masked as top-p leaves them (blocks of -inf skipped), a row of -inf (0, as argmax), a
+    NaN (the first one), extreme seeds, a stream per row; 1 and 2 threads, a row alone and in 300."""
+    gen = torch.Generator().manual_seed(width)
+    rows = 300
+    logprobs = torch.randn(rows, width, generator=gen)
+    logprobs[100:200] = logprobs[100:200].masked_fill(logprobs[100:200] < 1.0, -math.inf)
+    logprobs[200:250, 1:] = -math.inf
+    logprobs[3] = -math.inf
+    logprobs[4, width // 2] = math.nan
+    seeds = torch.randint(-(2**63), 2**63 - 1, (rows,), generator=gen)
+    seeds[:2] = torch.tensor([2**63 - 1, -(2**63)])
+    positions = torch.randint(0, 2**40, (rows,), generator=gen)
+    streams = torch.randint(0, 4, (rows,), generator=gen)
+    before = torch.get_num_threads()
+    try:
+        for stream in (0, 2, streams):
+            want = (gumbel(seeds, positions, width, stream) + logprobs).argmax(dim=-1)
+            assert int(want[3]) == 0 and int(want[4]) == width // 2
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                assert torch.equal(gumbel_argmax(logprobs, seeds, positions, stream), want)
+            row_streams = streams[7:8] if isinstance(stream, torch.Tensor) else stream
+            assert int(gumbel_argmax(logprobs[7:8], seeds[7:8], positions[7:8], row_streams)[0]) == want[7]
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_noise_and_sampling_same_on_cuda():
@@ -226,23 +257,25 @@ def test_processed_logprobs_batch_invariant_and_keeps_boundary_ties():
 
 
 def test_top_p_over_a_large_vocabulary_equals_a_full_sort():
-    # The sampler sorts only the best 1,024 values, then 8,192, then the whole vocabulary, as far as each
-    # row's top-k or nucleus reaches; rows of every reach must equal the naive reference, alone or batched.
+    # The sampler sorts only the best 64 values, then 1,024, then 8,192, then the whole vocabulary, as far as
+    # each row's top-k or nucleus reaches; rows of every reach must equal the naive reference, alone or batched.
+    # (These widths take token_ops.c's top_values, the whole vocabulary PyTorch's topk.)
     rng = np.random.default_rng(2)
     vocab = 20000
-    rows = [(4.0, SamplingParams(top_p=0.95)),  # nucleus ~300 tokens: the first width
-            (3.0, SamplingParams(top_p=0.95)),  # ~2,000: the second
+    rows = [(4.0, SamplingParams(top_p=0.95)),  # nucleus ~300 tokens: the second width
+            (3.0, SamplingParams(top_p=0.95)),  # ~2,000: the third
             (1.0, SamplingParams(top_p=0.95)),  # ~15,000: the whole vocabulary
             (1.0, SamplingParams(top_k=3000)),  # a top-k past the first width
             (1.0, SamplingParams(top_k=12000, top_p=0.9)),  # past the second
             (2.0, SamplingParams(temperature=0.5, top_p=0.6)),
             (1.0, SamplingParams()),
-            (2.0, SamplingParams(temperature=0))]
+            (2.0, SamplingParams(temperature=0)),
+            (9.0, SamplingParams(top_p=0.9))]  # a few tokens: the first width
     logits = torch.tensor(np.stack([rng.normal(0, scale, vocab) for scale, _ in rows]), dtype=torch.float32)
     logits[5, :4000] = logits[5, :4000].round()  # ties
     params = [p for _, p in rows]
     sampler = Sampler()
-    together = sampler.processed_logprobs(logits, SamplingBatch.from_params(params, [0] * 8, [0] * 8, "cpu"))
+    together = sampler.processed_logprobs(logits, SamplingBatch.from_params(params, [0] * 9, [0] * 9, "cpu"))
     kept_counts = []
     for i, p in enumerate(params):
         alone = sampler.processed_logprobs(logits[i:i + 1], SamplingBatch.from_params([p], [0], [0], "cpu"))[0]
@@ -252,7 +285,7 @@ def test_top_p_over_a_large_vocabulary_equals_a_full_sort():
         assert np.array_equal(kept, want > 0), f"row {i}: {p}: kept {kept.sum()} tokens, reference {(want > 0).sum()}"
         np.testing.assert_allclose(together[i].exp().numpy(), want, atol=1e-6, err_msg=f"row {i}: {p}")
         kept_counts.append(int(kept.sum()))
-    assert kept_counts[0] < 1024 < kept_counts[1] < 8192 < kept_counts[2]  # the rows reach every width
+    assert kept_counts[8] < 64 < kept_counts[0] < 1024 < kept_counts[1] < 8192 < kept_counts[2]  # every width
 
 
 def test_greedy_rows_are_one_hot():

@@ -1,8 +1,11 @@
-"""RMSNorm, the rotary embedding and the SiLU gate through ``eyas/kernels/token_ops.c`` against PyTorch's
-unfused ops: bit for bit where the arithmetic is the same (rotary), else within stated tolerances, and
+"""RMSNorm, the rotary embedding, the SiLU gate and the sampling reductions (argmax, Gumbel-max, a row's
+best values) through ``eyas/kernels/token_ops.c`` against PyTorch's unfused ops: bit for bit where the
+arithmetic is the same (rotary, the reductions), else within stated tolerances, and
 thread- and batch-invariant; autograd and a machine without a C compiler take PyTorch's ops."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -11,6 +14,8 @@ from kernel_helpers import without_c_compiler
 
 from eyas.model import layers
 from eyas.model.layers import RMSNorm, RotaryEmbedding, apply_rotary, silu_and_mul
+from eyas.sampling.noise import gumbel
+from eyas.sampling.row_ops import argmax, gumbel_argmax, top_values
 
 ROWS = [1, 3, 40, 300]  # 300 rows of 576 or more take the kernel's threaded loop
 
@@ -113,6 +118,53 @@ def test_results_do_not_depend_on_threads_or_batch(threads):
         assert torch.equal(a, b) and torch.equal(a[7:8], c)
 
 
+@pytest.mark.parametrize("width", [1, 5, 16, 17, 47, 49152])
+@torch.inference_mode()
+def test_argmax_equals_pytorch_with_ties_infinities_and_nans(width, threads):
+    """The first of equal values, whether they fall in one lane, in two lanes or in the tail; rows of
+    -inf (a fully masked row); a NaN anywhere wins, the first one; -0.0 ties 0.0. 1 and 2 threads, alone
+    and in a batch of 300 rows (the threaded loop)."""
+    gen = torch.Generator().manual_seed(width)
+    x = torch.randn(300, width, generator=gen).round(decimals=1)  # many exact ties
+    x[1] = -math.inf
+    x[2] = 7.0  # every value equal
+    x[3, width // 2:] = 9.0  # the first of a run of maxima, across lanes and the tail
+    x[4, -1] = 9.0  # the maximum last (in the tail when width % 16)
+    x[5, width // 3] = math.nan
+    x[6, width // 4:] = math.nan
+    x[7, width // 2] = math.inf
+    x[8] = 0.0
+    x[8, width - 1] = -0.0
+    x[9, 1:] = -math.inf  # the maximum first
+    want = x.argmax(dim=-1)
+    threads(1)
+    assert torch.equal(argmax(x), want)
+    assert all(int(argmax(x[r:r + 1])[0]) == want[r] for r in range(12))
+    threads(2)
+    assert torch.equal(argmax(x), want)
+    assert torch.equal(argmax(x[:, : max(1, width - 1)]), x[:, : max(1, width - 1)].argmax(dim=-1))  # a view
+
+
+@pytest.mark.parametrize("width,n", [(1, 16), (2, 17), (64, 49152), (100, 1000), (1024, 49152), (6, 48)])
+@torch.inference_mode()
+def test_top_values_equal_pytorch_topk(width, n, threads):
+    """Ties, rows of -inf, -inf among values, a row of equal values, 1 and 2 threads, alone and in 40 rows;
+    a NaN goes back to PyTorch, which places it."""
+    gen = torch.Generator().manual_seed(n + width)
+    x = (torch.randn(40, n, generator=gen) * 4).round()  # many ties
+    x[1] = -math.inf
+    x[2, ::3] = -math.inf
+    x[3] = 2.0
+    x[4] = torch.arange(n, dtype=torch.float32)  # ascending: every value enters the heap
+    want = torch.topk(x, width, dim=-1).values
+    for t in (1, 2):
+        threads(t)
+        assert torch.equal(top_values(x, width), want)
+    assert torch.equal(top_values(x[4:5], width), want[4:5])
+    x[5, n // 2] = math.nan
+    assert torch.equal(top_values(x, width).nan_to_num(), torch.topk(x, width, dim=-1).values.nan_to_num())
+
+
 def test_autograd_takes_pytorch_ops():
     norm = RMSNorm(32, 1e-5)
     x = torch.randn(4, 32, requires_grad=True)
@@ -133,3 +185,6 @@ def test_without_a_c_compiler_pytorch_ops_serve(monkeypatch, tmp_path):
             assert torch.equal(apply_rotary(x.view(3, 3, 8), cos, sin), _torch_rotary(x.view(3, 3, 8), cos, sin))
             gate, up = x.chunk(2, dim=-1)
             assert torch.equal(silu_and_mul(x), F.silu(gate) * up)
+            assert torch.equal(argmax(x), x.argmax(dim=-1))
+            seeds = torch.arange(3)
+            assert torch.equal(gumbel_argmax(x, seeds, seeds), (gumbel(seeds, seeds, 24) + x).argmax(dim=-1))

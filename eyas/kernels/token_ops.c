@@ -1,5 +1,6 @@
 /* Per-token float32 operations of a decoder layer, each one call where PyTorch takes several ops:
-   RMSNorm, the rotary embedding and the SiLU gate of a gated MLP.
+   RMSNorm, the rotary embedding and the SiLU gate of a gated MLP; and the reductions over a vocabulary
+   row that sampling takes (argmax, Gumbel-max, the best values; eyas.sampling.row_ops).
 
    At batch 1 a decode step is bound by the count of operations outside its matrix products: for one
    576-wide row PyTorch's RMSNorm (power, mean, add, rsqrt, two products) takes about 8 us and the
@@ -18,8 +19,7 @@
 #include <string.h>
 
 #include "exp8.h"
-
-typedef float v16f __attribute__((vector_size(64)));
+#include "log16.h"
 
 static inline v16f load16(const float *p) {
     v16f v;
@@ -127,4 +127,183 @@ int eyas_silu_mul(const float *gu, float *out, int64_t tokens, int64_t n, int nu
         }
     }
     return 0;
+}
+
+
+/* out[r] = torch.argmax(x[r]): the index of the largest value, the first of equal ones, or the first
+   NaN where the row has one: x [rows, n]. PyTorch's CPU argmax walks a 49,152-wide row one value at a
+   time (about 0.15 ms); here each of 16 lanes keeps its largest value and the index where it first
+   appeared (a later value replaces it only when strictly larger), and the lanes are then merged:
+   the largest value, at the smallest index among the lanes that hold it. The n % 16 tail comes
+   last, strictly larger only. A row of n < 16 is all tail. */
+int eyas_argmax(const float *x, int64_t *out, int64_t rows, int64_t n, int num_threads) {
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (rows * n >= 4 * PARALLEL_MIN_FLOATS)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        v16i index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, first = index, nan = {0};
+        v16f best = (v16f){0} - INFINITY;
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            v16f v = load16(xr + i);
+            v16i larger = v > best;
+            best = (v16f)(((v16i)v & larger) | ((v16i)best & ~larger));
+            first = (index & larger) | (first & ~larger);
+            nan |= v != v;
+            index += 16;
+        }
+        float top = -INFINITY;
+        int64_t at = 0;
+        int any_nan = 0;
+        if (i > 0) {
+            at = INT64_MAX;
+            for (int l = 0; l < 16; l++) {
+                any_nan |= nan[l];
+                if (best[l] > top) top = best[l];
+            }
+            for (int l = 0; l < 16; l++)
+                if (best[l] == top && first[l] < at) at = first[l];
+        }
+        for (; i < n; i++) {
+            any_nan |= xr[i] != xr[i];
+            if (xr[i] > top) {
+                top = xr[i];
+                at = i;
+            }
+        }
+        if (any_nan)
+            for (at = 0; xr[at] == xr[at]; at++) {
+            }
+        out[r] = at;
+    }
+    return 0;
+}
+
+typedef uint32_t v16u __attribute__((vector_size(64)));
+
+/* murmur3's fmix32 on 16 lanes (eyas.sampling.noise: uint32 products wrap as its "& 0xFFFFFFFF") */
+static inline v16u fmix32(v16u h) {
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    return h;
+}
+
+static inline uint32_t fmix32_1(uint32_t h) {
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    h ^= h >> 16;
+    return h;
+}
+
+/* out[r] = argmax over v of logprobs[r, v] + gumbel(seed[r], position[r], stream[r], v), with
+   eyas.sampling.noise's hash bit for bit (its row key, then u = ((fmix32(key ^ fmix32(v * 0x9E3779B1 +
+   0x7F4A7C15)) >> 9) + 0.5) 2^-23) and gumbel = -log(-log(u)) with log16. A block of 16 values that are
+   all -inf (what top-k and top-p leave) is skipped: their sums are -inf, which never wins. Ties and NaN
+   as eyas_argmax (a row of -inf gives 0). logprobs [rows, n]; seed, position, stream [rows]. */
+int eyas_gumbel_argmax(const float *logprobs, const int64_t *seed, const int64_t *position, const int64_t *stream,
+                       int64_t *out, int64_t rows, int64_t n, int num_threads) {
+    const v16u lanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (rows > 1 && rows * n >= PARALLEL_MIN_FLOATS)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *lp = logprobs + r * n;
+        uint32_t key = fmix32_1((uint32_t)seed[r] ^ 0x9E3779B9u);
+        key = fmix32_1(key ^ (uint32_t)((uint64_t)seed[r] >> 32));
+        key = fmix32_1(key ^ (uint32_t)position[r]);
+        key = fmix32_1(key ^ (uint32_t)((uint64_t)stream[r] * 0x632BE5ABu));
+        const v16u k = (v16u){0} + key;
+        v16i first = (v16i)lanes, nan = {0};
+        v16f best = (v16f){0} - INFINITY;
+        for (int64_t i = 0; i < n; i += 16) {
+            const int64_t width = n - i < 16 ? n - i : 16;
+            int any = 0;
+            for (int64_t l = 0; l < width; l++) any |= lp[i + l] != -INFINITY;
+            if (!any) continue;
+            v16f v = (v16f){0} - INFINITY;
+            memcpy(&v, lp + i, width * sizeof(float));
+            v16u index = lanes + (uint32_t)i;
+            v16u x = fmix32(k ^ fmix32(index * 0x9E3779B1u + 0x7F4A7C15u));
+            v16f u = (__builtin_convertvector((v16i)(x >> 9), v16f) + 0.5f) * 0x1p-23f; /* x >> 9 < 2^23 */
+            v16f s = v - log16(-log16(u));
+            v16i larger = s > best;
+            best = (v16f)(((v16i)s & larger) | ((v16i)best & ~larger));
+            first = ((v16i)index & larger) | (first & ~larger);
+            nan |= s != s;
+        }
+        float top = -INFINITY;
+        int64_t at = INT64_MAX;
+        int any_nan = 0;
+        for (int l = 0; l < 16; l++) {
+            any_nan |= nan[l];
+            if (best[l] > top) top = best[l];
+        }
+        for (int l = 0; l < 16; l++)
+            if (best[l] == top && first[l] < at) at = first[l];
+        if (any_nan)
+            for (at = 0; lp[at] == lp[at]; at++) {
+            }
+        out[r] = at;
+    }
+    return 0;
+}
+
+/* heap[0 .. size) a min-heap but for its root: sift the root down */
+static void sift_down(float *heap, int64_t size, int64_t at) {
+    float v = heap[at];
+    for (;;) {
+        int64_t child = 2 * at + 1;
+        if (child >= size) break;
+        if (child + 1 < size && heap[child + 1] < heap[child]) child++;
+        if (!(heap[child] < v)) break;
+        heap[at] = heap[child];
+        at = child;
+    }
+    heap[at] = v;
+}
+
+/* out[r] = the `width` largest values of x[r] in descending order (torch.topk(x, width).values), for
+   1 <= width <= n: a min-heap of the best so far, which a block of 16 values enters only if one of them
+   beats its root (after the first few thousand values, almost none do), then heap-sorted. x [rows, n], out
+   [rows, width]. Returns 1, with out unspecified, if x holds a NaN (whose place PyTorch defines; the
+   caller asks PyTorch), else 0. */
+int eyas_top_values(const float *x, float *out, int64_t rows, int64_t n, int64_t width, int num_threads) {
+    int nan_seen = 0;
+#pragma omp parallel for num_threads(num_threads) schedule(static) reduction(| : nan_seen) if (rows > 1 && rows * n >= PARALLEL_MIN_FLOATS)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *heap = out + r * width;
+        int nan = 0;
+        for (int64_t i = 0; i < width; i++) {
+            heap[i] = xr[i];
+            nan |= xr[i] != xr[i];
+        }
+        for (int64_t i = width / 2 - 1; i >= 0; i--) sift_down(heap, width, i);
+        int64_t i = width;
+        for (; i < n; i += 16) {
+            const int64_t block = n - i < 16 ? n - i : 16;
+            const float floor = heap[0];
+            int enters = 0;
+            for (int64_t l = 0; l < block; l++) {
+                enters |= xr[i + l] > floor;
+                nan |= xr[i + l] != xr[i + l];
+            }
+            if (!enters) continue;
+            for (int64_t l = 0; l < block; l++)
+                if (xr[i + l] > heap[0]) {
+                    heap[0] = xr[i + l];
+                    sift_down(heap, width, 0);
+                }
+        }
+        for (int64_t size = width - 1; size > 0; size--) { /* the smallest goes last: descending */
+            float smallest = heap[0];
+            heap[0] = heap[size];
+            heap[size] = smallest;
+            sift_down(heap, size, 0);
+        }
+        nan_seen |= nan;
+    }
+    return nan_seen;
 }

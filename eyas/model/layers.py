@@ -116,6 +116,9 @@ class _TokenOps(NamedTuple):
     rms_norm: ctypes._CFuncPtr
     rotary: ctypes._CFuncPtr
     silu_mul: ctypes._CFuncPtr
+    argmax: ctypes._CFuncPtr
+    gumbel_argmax: ctypes._CFuncPtr
+    top_values: ctypes._CFuncPtr
 
 
 @functools.cache
@@ -128,7 +131,10 @@ def _token_ops() -> _TokenOps | None:
     if norm is None:
         return None
     return _TokenOps(norm, kernels.entry("token_ops", ptr, i64, ptr, ptr, ptr, i64, i64, i64, i32, function="rotary"),
-                     kernels.entry("token_ops", ptr, ptr, i64, i64, i32, function="silu_mul"))
+                     kernels.entry("token_ops", ptr, ptr, i64, i64, i32, function="silu_mul"),
+                     kernels.entry("token_ops", ptr, ptr, i64, i64, i32, function="argmax"),
+                     kernels.entry("token_ops", ptr, ptr, ptr, ptr, ptr, i64, i64, i32, function="gumbel_argmax"),
+                     kernels.entry("token_ops", ptr, ptr, i64, i64, i64, i32, function="top_values"))
 
 
 def _native(x: torch.Tensor, param: torch.Tensor | None = None) -> bool:
@@ -186,6 +192,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     _token_ops().silu_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // width, width // 2,
                           torch.get_num_threads())
     return out
+
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:

@@ -35,6 +35,7 @@ from eyas.runner.cuda_graphs import UniformLayout, engine_graphs
 from eyas.sampling.grammar_masks import GrammarMasks, GrammarTimings, MaskFiller, PendingMasks
 from eyas.sampling.penalties import penalize
 from eyas.sampling.rejection import VerifyResult, greedy_verify, rejection_sample, shared_noise_verify
+from eyas.sampling.row_ops import argmax
 from eyas.sampling.sampler import Sampler, SamplingBatch, raw_logprobs
 from eyas.spec.proposer import ProposerInput, ProposerOutput, proposer_class
 
@@ -187,7 +188,7 @@ class ModelRunner:
         if masks is not None:
             logits = masks.apply(logits)
         if all(p.greedy for p in params):
-            return greedy_verify(logits.argmax(dim=-1)[pad], drafts, num_drafts)
+            return greedy_verify(argmax(logits)[pad], drafts, num_drafts)
         width = pad.shape[1]
         seeds = [e.request.seed for e in entries]
         positions = [[e.request.num_tokens + j for j in range(width)] for e in entries]
@@ -195,7 +196,9 @@ class ModelRunner:
         batch = SamplingBatch.from_params([p for p, n in zip(params, counts) for _ in range(n)],
                                           [s for s, n in zip(seeds, counts) for _ in range(n)],
                                           [q for row, n in zip(positions, counts) for q in row[:n]], self.device)
-        target = self.sampler.processed_logprobs(logits, batch)[pad]  # [R, k+1, vocab]
+        target = self.sampler.processed_logprobs(logits, batch)  # [N, vocab]
+        # [R, k+1, vocab]; every request with k drafts (N = R (k+1)) lays its rows out in order already
+        target = target.view(*pad.shape, -1) if target.shape[0] == pad.numel() else target[pad]
         seeds_t = torch.tensor(seeds, dtype=torch.int64, device=self.device)
         positions_t = torch.tensor(positions, dtype=torch.int64, device=self.device)
         if self.verification == "shared_noise" or width == 1:

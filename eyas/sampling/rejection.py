@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 from eyas.sampling.noise import uniform
-from eyas.sampling.sampler import gumbel_argmax
+from eyas.sampling.row_ops import gumbel_argmax
+from eyas.sampling.sampler import log_probabilities, probabilities
 
 
 @dataclass
@@ -73,7 +74,7 @@ def rejection_sample(
     device = target_logprobs.device
     rows = torch.arange(num_rows, device=device)
 
-    p_draft = target_logprobs[:, :k].gather(2, draft_tokens[..., None]).squeeze(-1).exp()  # [R, k]
+    p_draft = probabilities(target_logprobs[:, :k].gather(2, draft_tokens[..., None]).squeeze(-1))  # [R, k]
     if draft_probs is None:
         q_draft = torch.ones_like(p_draft)
     else:
@@ -91,11 +92,11 @@ def rejection_sample(
             q_n = torch.zeros_like(logp_n).scatter_(1, draft_tokens[rows, j][:, None], 1.0)
         else:
             q_n = draft_probs[rows, j].to(torch.float32)
-        p_n = logp_n.exp()
+        p_n = probabilities(logp_n)
         residual = (p_n - q_n).clamp_(min=0)  # [R, V]
         # p == q up to rounding leaves no residual mass; then any rejection was rounding noise.
         residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_n)
-        scores = torch.where(bonus[:, None], logp_n, residual.log())
+        scores = torch.where(bonus[:, None], logp_n, log_probabilities(residual))
     else:
         scores = logp_n
     stream = torch.where(bonus, 0, 2)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from eyas.sampling.noise import gumbel
 from eyas.sampling.params import SamplingParams
+from eyas.sampling.row_ops import argmax, gumbel_argmax, top_values
 
 
 @dataclass
@@ -29,6 +29,7 @@ class SamplingBatch:
     seeds: Tensor  # [N] int64
     positions: Tensor  # [N] int64: sequence index of the token being sampled
     all_greedy: bool
+    any_greedy: bool
     any_top_k: bool
     any_top_p: bool
     any_min_p: bool
@@ -63,6 +64,7 @@ class SamplingBatch:
             seeds=i64(seeds),
             positions=i64(positions),
             all_greedy=all(greedy),
+            any_greedy=any(greedy),
             any_top_k=any(k > 0 for k in top_k),
             any_top_p=any(p < 1.0 for p in top_p),
             any_min_p=any(m > 0.0 for m in min_p),
@@ -86,26 +88,38 @@ class SamplerOutput:
     logprobs: LogprobsTensors | None
 
 
-def gumbel_argmax(
-    logprobs: Tensor, seeds: Tensor, positions: Tensor, stream: int | Tensor = 0
-) -> Tensor:
-    """[N] int64 = argmax(logprobs + gumbel(seed, position, stream)): an exact sample per row.
-
-    The one function through which every random token is drawn (plain sampling on stream 0,
-    the bonus token, shared-noise verification, the recovered token on stream 2), so plain
-    and speculative decoding agree token for token. logprobs may be unnormalised.
-    """
-    noise = gumbel(seeds, positions, logprobs.shape[-1], stream)  # [N, V]
-    return torch.argmax(noise.add_(logprobs), dim=-1)
+# PyTorch's CPU exp takes a slow path where its result is below float32's normal range (and at -inf): about
+# 150 ns a value, against 1 ns. At temperature 0.2 most of a row's 49k scaled logits lie that far below the
+# best one, and a row's normaliser alone took a millisecond. No exponent below this is ever taken: a term
+# under e^-87 cannot change a float32 sum that holds a term of 1.
+EXP_FLOOR = -87.0
 
 
-NUCLEUS_WIDTHS = (1024, 8192)  # the best values sorted for top-p, widest last, before the whole vocabulary
+def probabilities(logprobs: Tensor) -> Tensor:
+    """exp(logprobs), with what lies below e^EXP_FLOOR (1.6e-38: float32's subnormals) as 0."""
+    return logprobs.clamp(min=EXP_FLOOR).exp_().masked_fill_(logprobs < EXP_FLOOR, 0.0)
 
 
-def _thresholds(x: Tensor, k: Tensor, top_p: Tensor, width: int) -> tuple[Tensor, Tensor]:
+def log_probabilities(probs: Tensor) -> Tensor:
+    """log(probs), with 0 (and subnormals) as -inf: PyTorch's CPU log of 0 takes a slow path too."""
+    tiny = math.exp(EXP_FLOOR)
+    return probs.clamp(min=tiny).log_().masked_fill_(probs < tiny, -math.inf)
+
+
+def _log_normaliser(x: Tensor) -> Tensor:
+    """[N, V] -> [N, 1] log(sum(exp(x))) per row, as logsumexp (see EXP_FLOOR)."""
+    top = x.amax(dim=-1, keepdim=True)
+    return top + (x - top).clamp_(min=EXP_FLOOR).exp_().sum(dim=-1, keepdim=True).log_()
+
+
+NUCLEUS_WIDTHS = (64, 1024, 8192)  # the best values sorted for top-p, widest last, before the whole vocabulary
+
+
+def _thresholds(x: Tensor, k: Tensor, top_p: Tensor, width: int, any_top_k: bool) -> tuple[Tensor, Tensor]:
     """Each row's smallest kept value after top-k then top-p, from its best ``width`` values.
 
-    x [N, V] scaled logits, k [N] (V = top-k off), top_p [N] (1 = off). Top-k keeps values >= the
+    x [N, V] scaled logits, k [N] (V = top-k off), top_p [N] (1 = off), any_top_k: some row has a top-k
+    (else the mass needs no masking of x). Top-k keeps values >= the
     k-th largest; top-p keeps each survivor whose strictly-better mass is < top_p. Returns the
     threshold [N, 1] and settled [N]: whether the best ``width`` values decide it, which holds when
     the row's k-th value is among them (or top-k is off) and, with top-p, their mass reaches top_p
@@ -114,13 +128,14 @@ def _thresholds(x: Tensor, k: Tensor, top_p: Tensor, width: int) -> tuple[Tensor
     logit); probs [.5, .3, .15, .05] do not (.8 < .9).
     """
     vocab = x.shape[-1]
-    vals = torch.topk(x, width, dim=-1, sorted=True).values  # [N, width], descending
+    vals = top_values(x, width)  # [N, width], descending
     kth = vals.gather(1, (k - 1).clamp(max=width - 1)[:, None])  # [N, 1]
     kth = torch.where((k == vocab)[:, None] & (width < vocab), -math.inf, kth)
     settled = (k <= width) | (k == vocab)  # [N]
     vals = vals.masked_fill(vals < kth, -math.inf)
-    log_z = torch.logsumexp(x.masked_fill(x < kth, -math.inf), dim=-1, keepdim=True)  # [N, 1]
-    mass = torch.cumsum(torch.exp(vals - log_z), dim=-1)  # [N, width]
+    kept = x.masked_fill(x < kth, -math.inf) if any_top_k else x  # without top-k, kth is -inf (or the minimum)
+    log_z = _log_normaliser(kept)  # [N, 1]
+    mass = torch.cumsum((vals - log_z).clamp_(min=EXP_FLOOR).exp_(), dim=-1)  # [N, width]
     mass_before = torch.nn.functional.pad(mass[:, :-1], (1, 0))  # exclusive cumsum
     num_keep = (mass_before < top_p[:, None]).sum(dim=-1, keepdim=True)  # >= 1
     t_p = torch.where(top_p[:, None] < 1, vals.gather(1, num_keep - 1), -math.inf)  # [N, 1]
@@ -151,14 +166,15 @@ class Sampler:
         x = logits / torch.where(greedy, 1.0, batch.temperature)[:, None]
         if batch.any_top_k or batch.any_top_p:
             x = self._top_k_top_p(x, batch)
-        x = torch.log_softmax(x, dim=-1)
+        x = x - _log_normaliser(x)  # log_softmax
         if batch.any_min_p:
             # prob < min_p * max_prob  <=>  logprob < log(min_p) + max_logprob (min_p=0 -> -inf).
             floor = x.amax(dim=-1, keepdim=True) + torch.log(batch.min_p)[:, None]
-            x = torch.log_softmax(x.masked_fill(x < floor, -math.inf), dim=-1)
-        one_hot = torch.full_like(x, -math.inf).scatter_(
-            1, logits.argmax(dim=-1, keepdim=True), 0.0
-        )
+            x = x.masked_fill(x < floor, -math.inf)
+            x = x - _log_normaliser(x)
+        if not batch.any_greedy:
+            return x
+        one_hot = torch.full_like(x, -math.inf).scatter_(1, argmax(logits)[:, None], 0.0)
         return torch.where(greedy[:, None], one_hot, x)
 
     @staticmethod
@@ -170,25 +186,26 @@ class Sampler:
         NUCLEUS_WIDTHS[0], and a row whose top-k or nucleus reaches past them (a flat distribution)
         goes on to the next width, the last being the whole vocabulary. A full sort of SmolLM2's
         49,152 logits took 5 ms a row on a CPU, most of a decode step, and a speculative step pays it
-        for every row it verifies; the best 1,024 take 0.16 ms.
+        for every row it verifies; the best 1,024 take 0.16 ms, the best 64 (``top_values``, which
+        settle a row at a low temperature) a tenth of that.
         """
         vocab = x.shape[-1]
         k = torch.where(batch.top_k > 0, batch.top_k.clamp(max=vocab), vocab)  # [N]
         widths = ([min(batch.max_top_k, vocab)] if batch.max_top_k > 0
                   else [w for w in NUCLEUS_WIDTHS if w < vocab] + [vocab])
-        threshold, settled = _thresholds(x, k, batch.top_p, widths[0])  # [N, 1], [N]
+        threshold, settled = _thresholds(x, k, batch.top_p, widths[0], batch.any_top_k)  # [N, 1], [N]
         rows = torch.arange(x.shape[0], device=x.device)
         for width in widths[1:]:  # the last, the whole vocabulary, settles whatever is left
             rows = rows[~settled]  # the rows the narrower width did not settle
             if not len(rows):
                 break
-            threshold[rows], settled = _thresholds(x[rows], k[rows], batch.top_p[rows], width)
+            threshold[rows], settled = _thresholds(x[rows], k[rows], batch.top_p[rows], width, batch.any_top_k)
         return x.masked_fill(x < threshold, -math.inf)
 
     def sample(self, logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
         """Greedy rows: argmax. Others: argmax(processed_logprobs + gumbel(seed, position))."""
         if batch.all_greedy:
-            token_ids = logits.argmax(dim=-1)
+            token_ids = argmax(logits)
         else:
             logprobs = self.processed_logprobs(logits, batch)
             token_ids = gumbel_argmax(logprobs, batch.seeds, batch.positions)

@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from eyas.sampling.grammar import allowed_tokens
-from eyas.sampling.sampler import Sampler, SamplingBatch, gumbel_argmax
+from eyas.sampling.row_ops import argmax, gumbel_argmax
+from eyas.sampling.sampler import Sampler, SamplingBatch, probabilities
 from eyas.spec.proposer import ProposerInput
 
 DRAFT_NOISE_STREAM = 3  # rejection mode: the drafter's own randomness, independent of the target's
@@ -57,12 +58,12 @@ class DraftSampler:
         if walking:
             logits = self._mask(logits, walking)
         if self.all_greedy:
-            tokens = logits.argmax(dim=-1)
+            tokens = argmax(logits)
         else:
             logprobs = self.sampler.processed_logprobs(logits, dataclasses.replace(self.batch, positions=positions))
             stream = 0 if self.verification == "shared_noise" else DRAFT_NOISE_STREAM
             if self.verification == "rejection":
-                self._probs.append(logprobs.exp())
+                self._probs.append(probabilities(logprobs))
             tokens = gumbel_argmax(logprobs, self.seeds, positions, stream=stream)
         if walking:
             drafted = tokens.tolist()
