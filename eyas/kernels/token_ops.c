@@ -130,6 +130,19 @@ int eyas_silu_mul(const float *gu, float *out, int64_t tokens, int64_t n, int nu
 }
 
 
+/* The merge of 16 lanes that each kept their largest value and the index where it first appeared: the
+   largest value (into *top), at the smallest index among the lanes that hold it. */
+static inline int64_t merge_lanes(v16f best, v16i first, float *top) {
+    float t = -INFINITY;
+    int64_t at = INT64_MAX;
+    for (int l = 0; l < 16; l++)
+        if (best[l] > t) t = best[l];
+    for (int l = 0; l < 16; l++)
+        if (best[l] == t && first[l] < at) at = first[l];
+    *top = t;
+    return at;
+}
+
 /* out[r] = torch.argmax(x[r]): the index of the largest value, the first of equal ones, or the first
    NaN where the row has one: x [rows, n]. PyTorch's CPU argmax walks a 49,152-wide row one value at a
    time (about 0.15 ms); here each of 16 lanes keeps its largest value and the index where it first
@@ -152,17 +165,9 @@ int eyas_argmax(const float *x, int64_t *out, int64_t rows, int64_t n, int num_t
             index += 16;
         }
         float top = -INFINITY;
-        int64_t at = 0;
+        int64_t at = i > 0 ? merge_lanes(best, first, &top) : 0;
         int any_nan = 0;
-        if (i > 0) {
-            at = INT64_MAX;
-            for (int l = 0; l < 16; l++) {
-                any_nan |= nan[l];
-                if (best[l] > top) top = best[l];
-            }
-            for (int l = 0; l < 16; l++)
-                if (best[l] == top && first[l] < at) at = first[l];
-        }
+        for (int l = 0; l < 16; l++) any_nan |= nan[l];
         for (; i < n; i++) {
             any_nan |= xr[i] != xr[i];
             if (xr[i] > top) {
@@ -190,14 +195,7 @@ static inline v16u fmix32(v16u h) {
     return h;
 }
 
-static inline uint32_t fmix32_1(uint32_t h) {
-    h ^= h >> 16;
-    h *= 0x85EBCA6Bu;
-    h ^= h >> 13;
-    h *= 0xC2B2AE35u;
-    h ^= h >> 16;
-    return h;
-}
+static inline uint32_t fmix32_1(uint32_t h) { return fmix32((v16u){0} + h)[0]; }
 
 /* out[r] = argmax over v of logprobs[r, v] + gumbel(seed[r], position[r], stream[r], v), with
    eyas.sampling.noise's hash bit for bit (its row key, then u = ((fmix32(key ^ fmix32(v * 0x9E3779B1 +
@@ -233,15 +231,10 @@ int eyas_gumbel_argmax(const float *logprobs, const int64_t *seed, const int64_t
             first = ((v16i)index & larger) | (first & ~larger);
             nan |= s != s;
         }
-        float top = -INFINITY;
-        int64_t at = INT64_MAX;
+        float top;
+        int64_t at = merge_lanes(best, first, &top);
         int any_nan = 0;
-        for (int l = 0; l < 16; l++) {
-            any_nan |= nan[l];
-            if (best[l] > top) top = best[l];
-        }
-        for (int l = 0; l < 16; l++)
-            if (best[l] == top && first[l] < at) at = first[l];
+        for (int l = 0; l < 16; l++) any_nan |= nan[l];
         if (any_nan)
             for (at = 0; lp[at] == lp[at]; at++) {
             }
