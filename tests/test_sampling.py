@@ -17,7 +17,7 @@ from stats_helpers import chi2_pvalue
 from eyas.sampling.noise import gumbel, uniform
 from eyas.sampling.params import SamplingParams
 from eyas.sampling.row_ops import gumbel_argmax
-from eyas.sampling.sampler import Sampler, SamplingBatch
+from eyas.sampling.sampler import Sampler, SamplingBatch, log_probabilities, probabilities
 
 ALPHA = 1e-3
 
@@ -155,6 +155,17 @@ def test_gumbel_argmax_kernel_equals_the_noise_tensors(width):
             assert int(gumbel_argmax(logprobs[7:8], seeds[7:8], positions[7:8], row_streams)[0]) == want[7]
     finally:
         torch.set_num_threads(before)
+
+
+def test_probabilities_flush_only_what_float32_cannot_hold_normally():
+    """exp and log as PyTorch's, except below e^EXP_FLOOR (float32's subnormals), which is 0 / -inf."""
+    logprobs = torch.tensor([0.0, -1.5, -80.0, -86.9, -87.5, -100.0, -math.inf])
+    want = torch.tensor([1.0, math.exp(-1.5), math.exp(-80.0), math.exp(-86.9), 0.0, 0.0, 0.0])
+    torch.testing.assert_close(probabilities(logprobs), want, rtol=2e-6, atol=0)  # exp loses bits near 1e-38
+    probs = torch.tensor([1.0, 0.25, 1e-30, 1e-39, 0.0])
+    got = log_probabilities(probs)
+    torch.testing.assert_close(got[:3], probs[:3].log(), rtol=1e-7, atol=0)
+    assert got[3:].tolist() == [-math.inf, -math.inf]
 
 
 @pytest.mark.cuda
