@@ -146,9 +146,8 @@ static inline int64_t merge_lanes(v16f best, v16i first, float *top) {
 /* out[r] = torch.argmax(x[r]): the index of the largest value, the first of equal ones, or the first
    NaN where the row has one: x [rows, n]. PyTorch's CPU argmax walks a 49,152-wide row one value at a
    time (about 0.15 ms); here each of 16 lanes keeps its largest value and the index where it first
-   appeared (a later value replaces it only when strictly larger), and the lanes are then merged:
-   the largest value, at the smallest index among the lanes that hold it. The n % 16 tail comes
-   last, strictly larger only. A row of n < 16 is all tail. */
+   appeared (a later value replaces it only when strictly larger), then merge_lanes. The n % 16 tail
+   comes last, strictly larger only. A row of n < 16 is all tail. */
 int eyas_argmax(const float *x, int64_t *out, int64_t rows, int64_t n, int num_threads) {
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (rows * n >= 4 * PARALLEL_MIN_FLOATS)
     for (int64_t r = 0; r < rows; r++) {
@@ -274,8 +273,7 @@ int eyas_top_values(const float *x, float *out, int64_t rows, int64_t n, int64_t
             nan |= xr[i] != xr[i];
         }
         for (int64_t i = width / 2 - 1; i >= 0; i--) sift_down(heap, width, i);
-        int64_t i = width;
-        for (; i < n; i += 16) {
+        for (int64_t i = width; i < n; i += 16) {
             const int64_t block = n - i < 16 ? n - i : 16;
             const float floor = heap[0];
             int enters = 0;

@@ -194,7 +194,6 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     """Llama 3.1 frequency scaling: long wavelengths divided by ``factor``, smooth in between."""
     factor = scaling["factor"]

@@ -135,7 +135,7 @@ def _thresholds(x: Tensor, k: Tensor, top_p: Tensor, width: int, any_top_k: bool
     vals = vals.masked_fill(vals < kth, -math.inf)
     kept = x.masked_fill(x < kth, -math.inf) if any_top_k else x  # without top-k, kth is -inf (or the minimum)
     log_z = _log_normaliser(kept)  # [N, 1]
-    mass = torch.cumsum((vals - log_z).clamp_(min=EXP_FLOOR).exp_(), dim=-1)  # [N, width]
+    mass = torch.cumsum(probabilities(vals - log_z), dim=-1)  # [N, width]
     mass_before = torch.nn.functional.pad(mass[:, :-1], (1, 0))  # exclusive cumsum
     num_keep = (mass_before < top_p[:, None]).sum(dim=-1, keepdim=True)  # >= 1
     t_p = torch.where(top_p[:, None] < 1, vals.gather(1, num_keep - 1), -math.inf)  # [N, 1]
