@@ -20,6 +20,7 @@ from safetensors import safe_open
 from eyas import LLM, SamplingParams
 from eyas.data.prompts import HELD_OUT_START, chat_prompts
 from eyas.drafters import shipped_drafter
+from eyas.model.quantized import QuantLinear
 
 pytestmark = pytest.mark.slow
 ACCEPTANCE_FLOOR = 1.3
@@ -51,6 +52,10 @@ def test_default_eagle3_uses_the_shipped_drafter_losslessly_with_acceptance_abov
     spec = LLM(speculative_config={"method": "eagle3", "adaptive_draft_length": False}, max_num_seqs=4)
     proposer = spec.engine.runner.proposer
     assert proposer.drafter.spec.path == shipped_drafter("eagle3")
+    # beside the GGUF target on the CPU kernels, every matrix of the drafter is an int8 row (the embedding is
+    # the target's own)
+    linears = [m for m in proposer.drafter.modules() if isinstance(m, QuantLinear)]
+    assert len(linears) >= 6 and {p.fmt.name for m in linears for p in m.parts} == {"I8_ROW"}
     assert spec.engine.config.speculative.num_speculative_tokens == json.loads(
         (shipped_drafter("eagle3") / "config.json").read_text())["num_speculative_tokens"]
     outs = spec.generate(prompts, params, use_tqdm=False)

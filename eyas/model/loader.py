@@ -72,7 +72,7 @@ def load_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_p
         raise ValueError(f"model: {len(missing)} weights missing from '{cfg.path}', e.g. {missing[:3]}")
     model = model.to(dtype).eval()
     if quantization == "int8":
-        _install_int8(model)
+        linears_to_int8(model)
     elif quantization == "bf16":
         _install_bf16(model, dtype)
     return model
@@ -114,10 +114,11 @@ def _install_gguf_weights(model: torch.nn.Module, cfg: ModelConfig, dtype: torch
     return set(shards)
 
 
-def _install_int8(model: torch.nn.Module) -> None:
-    """Every ``Linear`` becomes per-output-channel int8 (a tied head gets its own int8 copy)."""
+def linears_to_int8(model: torch.nn.Module) -> None:
+    """Every ``Linear`` of ``model`` whose rows are whole 32-weight blocks becomes per-output-channel int8 (a
+    tied head gets its own int8 copy)."""
     for path, module in list(model.named_modules()):
-        if isinstance(module, Linear):
+        if isinstance(module, Linear) and module.in_features % KERNEL_ALIGN == 0:
             bias = None if module.bias is None else module.bias.detach()
             model.set_submodule(path, QuantLinear([quantize_int8(module.weight)], bias))
 

@@ -94,10 +94,10 @@ class HiddenStateSpeculator(Proposer):
 
     def __init__(self, spec, config: EngineConfig, target):
         path = spec.model if spec.model is not None else self._default_path(config.model)
-        # a target on eyas's CPU kernels (quantized weights): the drafter's matrices become bf16 rows too
+        # a target on eyas's CPU kernels (quantized weights): the drafter's matrices become int8 rows
         self.drafter = load_drafter(path, target, dtype=config.dtype, device=config.device,
                                     max_positions=config.max_positions, method=self.method,
-                                    bf16_rows=config.quantization is not None)
+                                    int8_rows=config.quantization is not None)
         self.aux_layer_ids = self.drafter.aux_layer_ids
         self.needs_hidden_states = self.drafter.target_hidden == "last"
         self.k = spec.num_speculative_tokens
