@@ -58,8 +58,8 @@ import torch
 from eyas.config import EngineConfig
 from eyas.drafters import shipped_drafter
 from eyas.kv.manager import KVCacheGroupSpec
-from eyas.model.attention import AttentionBatch, UniformBatch, block_table_tensor, layout_slots
-from eyas.model.attention.sdpa import SdpaBackend
+from eyas.model.attention import (AttentionBatch, UniformBatch, block_table_tensor, default_backend, get_backend,
+                                  layout_slots)
 from eyas.model.drafters.checkpoint import load_drafter
 from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.runner.cuda_graphs import UniformLayout, engine_graphs, pad_table, table_width
@@ -104,8 +104,9 @@ class HiddenStateSpeculator(Proposer):
         self.verification = spec.verification
         self.device, self.dtype = config.device, config.dtype
         self.block_size = config.cache.block_size
-        # sdpa on both devices: its metadata of a uniform layout is built from device tensors, in CUDA graphs
-        self.backend = SdpaBackend()
+        # the target's default: the C kernel on a CPU, sdpa on CUDA (its uniform-layout metadata is built from
+        # device tensors, in CUDA graphs)
+        self.backend = get_backend(default_backend(config.device))
         self.layers = self.drafter.attention_layers()
         self.max_blocks = config.max_blocks_per_request
         self.graphs = engine_graphs(config, self.backend)
