@@ -58,8 +58,7 @@ import torch
 from eyas.config import EngineConfig
 from eyas.drafters import shipped_drafter
 from eyas.kv.manager import KVCacheGroupSpec
-from eyas.model.attention import (AttentionBatch, UniformBatch, block_table_tensor, default_backend, get_backend,
-                                  layout_slots)
+from eyas.model.attention import AttentionBatch, UniformBatch, block_table_tensor, default_backend, get_backend, layout_slots
 from eyas.model.drafters.checkpoint import load_drafter
 from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.runner.cuda_graphs import UniformLayout, engine_graphs, pad_table, table_width
