@@ -3,11 +3,10 @@
 Greedy acceptance is deterministic, so acceptance length on fixed prompts is a real check, not a
 timing. The prompts are held-out ShareGPT openings (conversation 13,000 on), never trained on.
 
-The floor below is a regression check of the drafter shipped now (measured: 1.38 at its default
-k = 1; the one before it, same data at a quarter of the learning rate, 1.36; the one before that, on a
-fifth of the data, 1.26), below the 2.0 that issue 15 asks of
-a shipped drafter; a drafter that read the wrong aux layers or vocabulary would accept about
-nothing (1.0).
+The floor below is a regression check of the drafter shipped now (measured: 1.45 at its default
+k = 1; the one before it, fine-tuned on a CPU, 1.36-1.38; the one before that, on a fifth of the data,
+1.26), below the 2.0 that issue 15 asks of a shipped drafter; a drafter that read the wrong aux layers
+or vocabulary would accept about nothing (1.0).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from eyas.drafters import shipped_drafter
 from eyas.model.quantized import QuantLinear
 
 pytestmark = pytest.mark.slow
-ACCEPTANCE_FLOOR = 1.3
+ACCEPTANCE_FLOOR = 1.4
 
 
 def test_the_shipped_folder_is_small_bf16_and_documented():
