@@ -46,7 +46,6 @@ class SpeculativeConfig:
     # drafts are verified only while their expected tokens cover it. None = CPU_ROW_COSTS[the weight
     # format] on a CPU, and 0 on CUDA, where a few more rows cost next to nothing (every draft is verified)
     draft_row_cost: float | None = None
-    draft_row_cost: float | None = None
     # what drafting costs in a step in which some request drafts, as a fraction of a one-row forward, for a
     # proposer that leaves out the requests the scheduler expects to verify no drafts of (spec/adaptive.py):
     # drafts are verified only where they pay for it too. None = the proposer's figure for the device
