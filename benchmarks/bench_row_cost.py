@@ -6,8 +6,9 @@ cover what the extra rows cost. This times the engine's step with n new rows on 
 (prefix caching on, one request of a 192-token prompt already cached, then n more tokens and one
 sampled token: the shape of a verification of n - 1 drafts), for each n and each weight format, the
 n interleaved and the median of ``--repeats`` taken. It prints each n's time as a multiple of the
-one-row step, and the slope c of the scheduler's model, (1 + c * n) / (1 + c), fitted by least
-squares over the measured n.
+one-row step (the scheduler's curve for the format, ``CPU_ROW_COSTS``, below it), and the slope c of
+the line (1 + c * n) / (1 + c) fitted by least squares over the measured n (what
+``speculative_config={"draft_row_cost": c}`` sets).
 
     python benchmarks/bench_row_cost.py [--modes gguf,int8,bf16,none] [--threads 2]
 """
@@ -67,13 +68,14 @@ def main(argv=None) -> int:
     flags = cpu_flags()
     print(f"CPU: {' '.join(f for f in SHOWN_FLAGS if f in flags)}; eyas kernels built for: {cpu_isa()}; "
           f"{args.threads} thread(s)")
-    print("mode  one-row step  " + "  ".join(f"{n:>4}" for n in ROWS) + "  fitted c  CPU_ROW_COSTS")
+    print("mode  one-row step  " + "  ".join(f"{n:>4}" for n in ROWS) + "  fitted c")
     for mode in args.modes.split(","):
         times = step_times(mode, args.threads, args.repeats)
         ratios = {n: t / times[1] for n, t in times.items()}
         default = CPU_ROW_COSTS[None if mode == "none" else mode]
         print(f"{mode:<5} {times[1] * 1e3:9.2f} ms  " + "  ".join(f"{ratios[n]:4.2f}" for n in ROWS)
-              + f"  {fitted_slope(ratios):8.3f}  {default:13.2f}")
+              + f"  {fitted_slope(ratios):8.3f}")
+        print(f"{'':<5} {'CPU_ROW_COSTS':>12}  " + "  ".join(f"{default(n):4.2f}" for n in ROWS))
     return 0
 
 

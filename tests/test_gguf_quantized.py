@@ -20,6 +20,8 @@ from eyas.config import EngineConfig, ModelConfig
 from eyas.model import quantized as Q
 from eyas.model.gguf import convert_gguf
 from eyas.model.loader import load_model
+from eyas.spec.adaptive import RowCost
+from eyas.spec.config import CPU_ROW_COSTS
 
 pytestmark = pytest.mark.skipif(not Q.kernel_available(), reason="no C compiler: the quantized kernel cannot be built")
 
@@ -269,7 +271,9 @@ def test_the_cost_model_prices_a_row_by_the_weight_format(tmp_path, mode):
     path = write_quantized_gguf(tmp_path / "q.gguf")
     spec = {"method": "ngram", "num_speculative_tokens": 3}
     llm = LLM(str(path), quantization=mode, kv_cache_gb=0.05, max_model_len=256, speculative_config=spec)
-    assert llm.engine.scheduler.draft_row_cost == {"gguf": 0.25, "int8": 0.34, "bf16": 0.21, None: 0.07}[mode]
+    cost = llm.engine.scheduler.draft_row_cost
+    assert cost == CPU_ROW_COSTS[mode]
+    assert cost(1) == 1.0 and cost(16) == {"gguf": 4.11, "int8": 4.61, "bf16": 3.36, None: 2.07}[mode]
     told = LLM(str(path), quantization=mode, kv_cache_gb=0.05, max_model_len=256,
                speculative_config={**spec, "draft_row_cost": 0.5})
-    assert told.engine.scheduler.draft_row_cost == 0.5
+    assert told.engine.scheduler.draft_row_cost == RowCost.linear(0.5)

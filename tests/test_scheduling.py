@@ -107,7 +107,7 @@ def test_stop_conditions_and_outputs(tiny_models):
 def test_expected_drafts_equal_what_the_next_step_verifies():
     """The plan's peek (``expected_drafts``) is what the next step allocates when this step's verification
     teaches nothing: 16 requests at batch 16 beside a prompt that finishes next step, with budgets that
-    verify several drafts, one, none (low estimate), none (paused), a request out of max_tokens room and one
+    verify several drafts, one, none (low estimate), none (a low estimate after a miss), a request out of max_tokens room and one
     that opted out of speculation; the drafter's step cost is paid. The peek changes no budget."""
     import copy
 
@@ -116,7 +116,7 @@ def test_expected_drafts_equal_what_the_next_step_verifies():
     from eyas.engine.scheduler import Scheduler
     from eyas.kv.manager import KVCacheGroupSpec, KVCacheManager
     from eyas.runner.model_runner import RunnerOutput
-    from eyas.spec.adaptive import DraftBudget
+    from eyas.spec.adaptive import DraftBudget, Evidence
     from eyas.spec.config import SpeculativeConfig
 
     k = 4
@@ -129,7 +129,8 @@ def test_expected_drafts_equal_what_the_next_step_verifies():
         params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=2 if i == 4 else 64, speculate=i != 5)
         scheduler.add(Request(f"r{i}", [7] * 10, 10, params, seed=i, eos_token_ids=frozenset(), max_total_tokens=1024))
         accepted, rejections = evidence[i % 4]
-        scheduler.budgets[f"r{i}"] = DraftBudget(k, k, pause=2 if i == 6 else 0, accepted=accepted, rejections=rejections)
+        scheduler.budgets[f"r{i}"] = DraftBudget(k, k, missed=i == 6, after_hit=Evidence(accepted, rejections),
+                                                 after_miss=Evidence(0.0, 6.0))
     scheduler.add(Request("long", [7] * 150, 150, SamplingParams(temperature=0), seed=0, eos_token_ids=frozenset(),
                           max_total_tokens=1024))
     budgets = copy.deepcopy(scheduler.budgets)
@@ -144,4 +145,4 @@ def test_expected_drafts_equal_what_the_next_step_verifies():
                 if e.request.request_id in expected}
     assert verified == expected
     assert expected["r0"] > 1 and expected["r3"] == 0  # a good estimate drafts, a poor one does not
-    assert expected["r4"] == 0 and expected["r5"] == 0 and expected["r6"] == 0  # no room, opted out, paused
+    assert expected["r4"] == 0 and expected["r5"] == 0 and expected["r6"] == 0  # no room, opted out, after a miss

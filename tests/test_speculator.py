@@ -317,8 +317,10 @@ def test_graph_layout_run_eagerly_proposes_the_eager_drafts(drafters, case):
     from eyas.runner.cuda_graphs import StepGraphs
 
     prompts, params = _mixed_batch()
-    want = _drafts_per_step(_llm(drafters, case, max_num_batched_tokens=48), prompts, params)
-    llm = _llm(drafters, case, max_num_batched_tokens=48)
+    # a row cost (the line c = 0.07) under which 7, 5 and 3 decoding requests draft together in this batch
+    kw = dict(spec_over={"draft_row_cost": 0.07}, max_num_batched_tokens=48)
+    want = _drafts_per_step(_llm(drafters, case, **kw), prompts, params)
+    llm = _llm(drafters, case, **kw)
     proposer = llm.engine.runner.proposer
     proposer.graphs = StepGraphs(torch.device("cpu"), 64, capture=False)
     llm.engine.runner.graphs = StepGraphs(torch.device("cpu"), 64, capture=False)  # the target's aux states too

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from eyas.config import SchedulerConfig
 from eyas.engine.request import Request, RequestStatus
 from eyas.kv.manager import KVCacheManager
-from eyas.spec.adaptive import DraftBudget, allocate_drafts
+from eyas.spec.adaptive import DraftBudget, RowCost, allocate_drafts
 from eyas.spec.metrics import SpecStats
 
 if TYPE_CHECKING:
@@ -52,11 +52,12 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, speculative: "SpeculativeConfig | None" = None,
-                 draft_row_cost: float = 0.0, draft_step_cost: float = 0.0):
+                 draft_row_cost: RowCost | float = 0.0, draft_step_cost: float = 0.0):
         self.config = config
         self.kv = kv
         self.speculative = speculative
-        self.draft_row_cost = draft_row_cost  # one more row of a forward, relative to a one-row forward
+        # a forward's cost by its rows (a number c: the line 1 + c * n), in one-row forwards
+        self.draft_row_cost = draft_row_cost if isinstance(draft_row_cost, RowCost) else RowCost.linear(draft_row_cost)
         self.draft_step_cost = draft_step_cost  # the drafter's work in a step that verifies drafts, likewise
         self.num_lookahead_tokens = speculative.num_speculative_tokens if speculative else 0
         self.budgets: dict[str, DraftBudget] = {}  # request id -> adaptive draft length
@@ -202,7 +203,7 @@ class Scheduler:
         room = self._room(request, 0)
         if self.speculative.adaptive_draft_length:
             k = self.speculative.num_speculative_tokens
-            limit = self.budgets.setdefault(request.request_id, DraftBudget.start(k)).take()
+            limit = self.budgets.setdefault(request.request_id, DraftBudget.start(k)).limit
             room = min(room, max(limit, _leading(forced)))
         room = max(0, room)
         return drafts[:room], forced[:room]

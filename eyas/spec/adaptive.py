@@ -8,13 +8,9 @@ extra token costs time. Per request, the scheduler keeps one ``DraftBudget``:
 * fewer than half accepted -> the limit shrinks by 1 (not below 1); half or more -> it stays
   (on copy-heavy text a draft that breaks off midway is usually followed by a long one: on the
   benchmark's copy prompts at k = 8, shrinking on every rejection took 125 target forwards for
-  344 tokens, this rule 117);
-* none accepted n times in a row -> drafting pauses for 2^n - 1 steps (at most 31), so a
-  request whose text the drafter cannot predict (chat with the n-gram matcher) falls back to
-  plain decoding, and tries again now and then.
+  344 tokens, this rule 117).
 
-Example (k = 4): accepted 4/4 -> limit 4; 2/4 -> 4; 1/4 -> 3; 0/3 -> 2 and a 1-step pause; 0/2
--> 1 and a 3-step pause; 1/1 -> limit 3, pauses reset.
+Example (k = 4): accepted 4/4 -> limit 4; 2/4 -> 4; 1/4 -> 3; 0/3 -> 2; 0/2 -> 1; 1/1 -> 3.
 
 The budget also estimates ``acceptance()``, the chance that a draft is accepted once the one
 before it was (a geometric model): decayed accepted drafts over accepted drafts plus decayed
@@ -23,44 +19,64 @@ request samples, whether it verified drafts or not, so the estimate of a request
 verifying drifts back toward the prior. Draft j of a request with acceptance a is then worth a^j
 expected tokens.
 
-Per batch (``allocate_drafts``): a forward of n rows costs ``1 + c * n`` (c = the row cost,
-``SpeculativeConfig.draft_row_cost``), plus s when it verifies any draft the drafter made (s = the
-drafter's step cost, ``SpeculativeConfig.draft_step_cost``: what a drafter that leaves out the
-requests told 0 spends on a step it drafts in; 0 for cheap proposers), and a step emits E tokens,
-one per sampling request plus the expected accepted drafts. A draft worth g tokens raises
-E / cost iff ``g * (1 + c * n + s) >= c * E``; drafts are taken best first while that holds, and
-the drafter's drafts are kept only if E / cost then beats the step without them. With c = s = 0
-(CUDA, where a few more rows cost nothing) every offered draft is verified. Examples (c = 0.05,
+**Misses come in runs.** After a verification that accepts nothing the next one is likelier to accept
+nothing too, by how much depending on the proposer and the text. So the budget keeps two estimates (``Evidence``):
+one from the verifications made after a verification that accepted a draft (or before any), one from
+those made after a verification that accepted none, and prices the next drafts with the one of the
+state the request is in. Measured with every draft verified (greedy, batch 1, the default model): the
+shipped EAGLE-3 drafter at k = 1 had its draft accepted 56% of the time after an accepted one and 39%
+after a rejected one (16 held-out chat prompts), so a miss barely changes what its next draft is worth; suffix decoding on chat
+prompts at k = 8 accepted some draft after a hit 77% of the time and after a miss 21% (17% after two),
+so after a miss its drafts are worth a quarter as much. The rule this replaced paused a request for
+2^n - 1 steps after n misses in a row; with it (and the straight-line row cost below) the EAGLE-3
+drafter drafted in about 30% of batch-1 steps and ran 5-15% slower than with every draft verified.
+Now it drafts in about 78% as many steps as with every draft verified, and runs level with it (16
+prompts, 4 interleaved repeats, 2 threads: 1.05x plain against 1.05x).
+
+Per batch (``allocate_drafts``): a forward of n rows costs ``cost(n)`` (``RowCost``: on a CPU the weight
+format's measured curve, ``CPU_ROW_COSTS``; a user's ``SpeculativeConfig.draft_row_cost`` c makes it the
+line ``1 + c * n``), plus s when it verifies any draft the drafter made (s = the drafter's step cost,
+``SpeculativeConfig.draft_step_cost``: what a drafter that leaves out the requests told 0 spends on a
+step it drafts in; 0 for cheap proposers), and a step emits E tokens, one per sampling request plus
+the expected accepted drafts. A draft worth g tokens raises E / cost iff
+``g * (cost(n) + s) >= E * (cost(n + 1) - cost(n))``, for the line ``g * (1 + c * n + s) >= c * E``;
+drafts are taken best first while that holds, and the drafter's drafts are kept only if E / cost then
+beats the step without them. With c = s = 0 (CUDA, where a few more rows cost nothing) every offered
+draft is verified. Examples on the line (c = 0.05,
 s = 0): one request with acceptance 0.85 verifies all 8 drafts (the 8th is worth 0.27 >= 0.17),
 while 8 requests with acceptance 0.5 verify one draft each (the first is worth 0.5 >= 0.29; then a
-second, worth 0.25, falls short of 0.33). The CPU defaults are c = 0.07 for float32 weights, 0.21 for
-bf16, 0.34 for int8 and 0.25 for GGUF formats (``eyas.spec.config.CPU_ROW_COSTS``) and, for hidden-state
-drafters, s = 0.35. With c = 0.07 (k = 1) one request at acceptance 0.5 drafts (1.5 tokens for 1.49
-beat 1 for 1.07), at 0.36 it does not (1.36 / 1.49 < 1 / 1.07); 14 requests at 0.5 would take a
-draft each, but 21 tokens for 3.31 fall short of 14 for 1.98, so none drafts. Leading drafts forced
+second, worth 0.25, falls short of 0.33). With c = 0.07 and s = 0.35 (k = 1) one request at acceptance
+0.5 drafts (1.5 tokens for 1.49 beat 1 for 1.07), at 0.36 it does not (1.36 / 1.49 < 1 / 1.07); 14
+requests at 0.5 would take a draft each, but 21 tokens for 3.31 fall short of 14 for 1.98, so none
+drafts. On the GGUF curve with the hidden-state drafters' s = 0.2, one request drafts one token from an
+acceptance of 0.32 (1.32 tokens for 1.12 + 0.2), where the line fitted to the same curve (c = 0.25)
+wanted 0.48 with s = 0.35. Leading drafts forced
 by the request's grammar (``eyas.sampling.grammar``) are certain, worth 1 each, and need no drafter
 (no s); the drafts after them are worth a, a^2, ...
 
 **Retrying.** A request the cost model gives no drafts verifies nothing, so its budget learns
 nothing; the fade lets its estimate drift toward the prior, and it is verified again as soon as its
 first draft is worth its row: once the estimate has drifted far enough, or once the batch makes rows
-cheaper (prompt chunks in the forward, fewer requests). A pause, too, ends with an estimate closer
-to the prior, so the retry it promises is not refused for the misses that caused it. Example
+cheaper (prompt chunks in the forward, fewer requests). Example
 (c = 0.07, s = 0, 8 decoding rows: a first draft must be worth 0.36): a request with 1 accepted
 draft and 4 rejections, estimate (1 + 1) / (1 + 4 + 2) = 0.29, gets none; its evidence fades 0.9 a
 step: after 5 steps (0.59 + 1) / (0.59 + 2.36 + 2) = 0.32, after 10 steps
-(0.35 + 1) / (0.35 + 1.39 + 2) = 0.36, and its first draft is verified again.
+(0.35 + 1) / (0.35 + 1.39 + 2) = 0.36, and its first draft is verified again. A request whose drafts
+are never accepted is retried as often as the fade allows: a first draft that must be worth w passes
+while its estimate after misses, 1 / (2 + r), has r <= 1 / w - 2 faded rejections, and those fade
+0.1 r a step. At c = 0.1 with 2 decoding requests (w = 1/6, r <= 4) that is about 0.4 one-draft
+retries a step, 4% of a forward: the price of noticing when the text turns predictable.
 
 **Skipping the drafter.** After verification the runner asks the proposer for the next step's
 drafts, so a drafter costs a step even when the scheduler will drop what it drafts. The scheduler
 therefore tells the proposer, per sampling request, how many drafts it expects to verify next step
-(``Scheduler._expected_drafts``): ``peek`` (what the next ``take`` gives, and the estimate after this
-step's fade) and ``allocate_drafts`` over the rows the next step will have, side-effect free, as if
-this step's verification brought no evidence. A proposer may skip a request told 0 (a hidden-state
+(``Scheduler._expected_drafts``): ``peek`` (the limit, and the estimate after this step's fade) and
+``allocate_drafts`` over the rows the next step will have, side-effect free, as if this step's
+verification brought no evidence. A proposer may skip a request told 0 (a hidden-state
 drafter then leaves it out entirely, ``eyas.spec.catch_up``). A skipped request is not starved: its
 expectation comes from its budget alone, never from the drafts it holds, so a request skipped this
-step is offered its full limit again at the next; a pause counts down every step, drafted or not,
-and drafting resumes when it ends; a request the cost model rejects is retried as above. Where even
+step is offered its full limit again at the next; a request the cost model rejects is retried as
+above. Where even
 the prior does not pay (decoding rows only, k = 1: from 15 requests with c = 0.07 and s = 0, from
 5 with s = 0.35), no request drafts until the batch changes: the cost model's answer, not
 starvation.
@@ -68,73 +84,99 @@ starvation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-MAX_PAUSE = 31
 PRIOR, PRIOR_WEIGHT = 0.5, 2.0  # acceptance before any evidence, and its weight in drafts
 DECAY = 0.9  # per sampling step: older evidence fades
 
 
 @dataclass
+class Evidence:
+    """Decayed verifications of one state of a request: accepted drafts, and verifications that rejected one."""
+
+    accepted: float = 0.0
+    rejections: float = 0.0
+
+    def estimate(self, fade: float = 1.0) -> float:
+        """P(a draft is accepted | the draft before it was), with this evidence faded by ``fade``."""
+        accepted, rejections = fade * self.accepted, fade * self.rejections
+        return (accepted + PRIOR * PRIOR_WEIGHT) / (accepted + rejections + PRIOR_WEIGHT)
+
+
+@dataclass
 class DraftBudget:
     k: int
-    limit: int
-    pause: int = 0  # steps left without drafting
-    misses: int = 0  # consecutive verification steps with nothing accepted
-    accepted: float = 0.0  # decayed count of accepted drafts
-    rejections: float = 0.0  # decayed count of verifications that rejected a draft
+    limit: int  # drafts the next step may verify
+    missed: bool = False  # the last verification accepted none of its drafts
+    after_hit: Evidence = field(default_factory=Evidence)  # verifications made after one that accepted (or first)
+    after_miss: Evidence = field(default_factory=Evidence)  # verifications made after one that accepted none
 
     @classmethod
     def start(cls, k: int) -> "DraftBudget":
         return cls(k=k, limit=k)
 
-    def take(self) -> int:
-        """Drafts this step may verify (0 while paused); counts one step of a pause."""
-        limit = self.peek()[0]
-        self.pause = max(0, self.pause - 1)
-        return limit
+    def _state(self) -> Evidence:
+        return self.after_miss if self.missed else self.after_hit
 
     def acceptance(self) -> float:
-        """P(a draft is accepted | the draft before it was), from recent verifications."""
-        return _estimate(self.accepted, self.rejections)
+        """P(a draft is accepted | the draft before it was) in the request's state, from recent verifications."""
+        return self._state().estimate()
 
     def peek(self) -> tuple[int, float]:
-        """(what the next ``take`` returns, ``acceptance()`` after this step's fade) if this step's verification
-        adds no evidence; changes nothing."""
-        return (0 if self.pause > 0 else self.limit), _estimate(DECAY * self.accepted, DECAY * self.rejections)
+        """(``limit``, ``acceptance()`` after this step's fade) if this step's verification adds no evidence."""
+        return self.limit, self._state().estimate(DECAY)
 
     def update(self, num_drafts: int, num_accepted: int) -> None:
         """One sampling step of the request: evidence fades, then ``num_drafts`` verified drafts count (0: none)."""
-        self.accepted *= DECAY
-        self.rejections *= DECAY
+        for evidence in (self.after_hit, self.after_miss):
+            evidence.accepted *= DECAY
+            evidence.rejections *= DECAY
         if num_drafts == 0:
             return
-        self.accepted += num_accepted
-        self.rejections += num_accepted < num_drafts
+        state = self._state()
+        state.accepted += num_accepted
+        state.rejections += num_accepted < num_drafts
         if num_accepted == num_drafts:
             self.limit = min(self.k, self.limit + 2)
         elif 2 * num_accepted < num_drafts:
             self.limit = max(1, self.limit - 1)
-        if num_accepted == 0:
-            self.misses += 1
-            self.pause = min(2 ** self.misses - 1, MAX_PAUSE)
-        else:
-            self.misses = 0
+        self.missed = num_accepted == 0
 
 
-def _estimate(accepted: float, rejections: float) -> float:
-    return (accepted + PRIOR * PRIOR_WEIGHT) / (accepted + rejections + PRIOR_WEIGHT)
+@dataclass(frozen=True)
+class RowCost:
+    """What a target forward of n rows costs: measured ``(rows, cost)`` points in one-row forwards, read along
+    straight lines between them and along the last segment past the last one. ``linear(c)`` is ``1 + c * n``.
+
+    Example (the GGUF kernels, ``CPU_ROW_COSTS["gguf"]``): (1, 1.00), (2, 1.12), (3, 1.35), (4, 1.47), (5, 2.07)
+    ...: up to 4 rows share a register tile, so a 2-row verification costs 1.12 forwards, not the 1.20 of the
+    straight line fitted over 1..16 rows (c = 0.25), and a 5th row costs 0.60."""
+
+    points: tuple[tuple[int, float], ...]
+
+    @classmethod
+    def linear(cls, c: float) -> "RowCost":
+        return cls(((0, 1.0), (1, 1.0 + c)))
+
+    def __call__(self, rows: int) -> float:
+        segments = list(zip(self.points, self.points[1:]))
+        for (n0, c0), (n1, c1) in segments:
+            if rows <= n1 or (n1, c1) == self.points[-1]:
+                return c0 + (c1 - c0) * (rows - n0) / (n1 - n0)
+        raise ValueError("RowCost needs at least two points")
 
 
-def allocate_drafts(offers: list[tuple[int, float, int]], num_rows: int, row_cost: float,
+def allocate_drafts(offers: list[tuple[int, float, int]], num_rows: int, row_cost: "RowCost | float",
                     max_drafts: int, step_cost: float = 0.0) -> list[int]:
     """How many drafts each sampling request verifies this step (see the module docstring).
 
     ``offers[i]`` = (drafts request i may verify, its acceptance estimate, how many of them lead
-    the chain forced by its grammar); ``num_rows``: the forward's rows without drafts;
-    ``max_drafts``: what the token budget leaves for drafts; ``step_cost``: the drafter's work, paid
-    by a step that verifies any draft it made (forced drafts need none).
+    the chain forced by its grammar); ``num_rows``: the forward's rows without drafts; ``row_cost``: the
+    forward's cost by its rows (a number c: ``RowCost.linear(c)``); ``max_drafts``: what the token budget
+    leaves for drafts; ``step_cost``: the drafter's work, paid by a step that verifies any draft it made
+    (forced drafts need none).
     """
+    cost = row_cost if isinstance(row_cost, RowCost) else RowCost.linear(row_cost)
     gains = sorted(((acceptance ** max(0, j - certain), j <= certain, i)
                     for i, (n, acceptance, certain) in enumerate(offers) for j in range(1, n + 1)),
                    key=lambda gain: -gain[0])  # stable: a request's drafts stay in order; forced ones (1) first
@@ -144,13 +186,14 @@ def allocate_drafts(offers: list[tuple[int, float, int]], num_rows: int, row_cos
     for gain, certain, i in gains[:max_drafts]:
         if not certain and forced_only is None:
             forced_only = (list(counts), tokens, rows)
-        if gain * (1 + row_cost * rows + (0.0 if forced_only is None else step_cost)) < row_cost * tokens:
+        paid = cost(rows) + (0.0 if forced_only is None else step_cost)
+        if gain * paid < tokens * (cost(rows + 1) - cost(rows)):  # E / cost falls with this row
             break
         counts[i] += 1
         tokens += gain
         rows += 1
     if forced_only is not None:  # the drafter's drafts must also beat the step without them
         base_counts, base_tokens, base_rows = forced_only
-        if tokens * (1 + row_cost * base_rows) < base_tokens * (1 + row_cost * rows + step_cost):
+        if tokens * cost(base_rows) < base_tokens * (cost(rows) + step_cost):
             return base_counts
     return counts

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from eyas.spec.adaptive import RowCost
+
 MAX_SPECULATIVE_TOKENS = 16
 # options that belong to one method or a few; a proposer lists the ones it reads in ``config_fields``
 METHOD_FIELDS = frozenset({"prompt_lookup_min", "prompt_lookup_max", "model", "draft_num_layers", "aux_layer_ids",
@@ -11,14 +13,20 @@ METHOD_FIELDS = frozenset({"prompt_lookup_min", "prompt_lookup_max", "model", "d
                            "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
                            "suffix_decoding_min_token_prob", "suffix_decoding_cache_file"})
 VERIFICATION_MODES = ("rejection", "shared_noise")
-# One more row of a CPU forward, as a fraction of a one-row forward, by the target's weight format: the
-# slope c of a forward of n rows costing (1 + c * n) / (1 + c) one-row forwards, least-squares over n = 1..16
-# (benchmarks/bench_row_cost.py: one request, n new rows on a cached 192-token prefix, SmolLM2-135M, AMD
-# Zen 4, 2 threads). Float32 rows are read from memory once whatever the rows, so a row adds little (16
-# rows: 2.07x a one-row forward); eyas's bf16, int8 and GGUF kernels read fewer bytes and decode every
-# weight in registers, multiplying it into each row with float32 FMAs, so rows cost their arithmetic
-# (16 rows: 3.36x, 4.61x and 4.11x; past 4 rows, one register tile, a decoded tile goes through memory).
-CPU_ROW_COSTS = {None: 0.07, "bf16": 0.21, "int8": 0.34, "gguf": 0.25}
+# A CPU forward of n rows, in one-row forwards, by the target's weight format: (rows, cost) points measured by
+# benchmarks/bench_row_cost.py (one request, n new rows on a cached 192-token prefix, SmolLM2-135M, AMD Zen 4,
+# 2 threads; the int8 2-row figure, 0.99, held at 1.00). Float32 rows are read from memory once whatever the
+# rows, so a row adds little (16 rows: 2.07x a one-row forward); eyas's bf16, int8 and GGUF kernels read fewer
+# bytes and decode every weight in registers, multiplying it into each row with float32 FMAs, so rows cost
+# their arithmetic (16 rows: 3.36x, 4.61x and 4.11x). Up to 4 rows share one register tile; past it a decoded
+# tile goes through memory, the step between 4 and 5 rows. (Intel Sapphire Rapids, GGUF: 1.09, 1.22, 1.30 for
+# 2-4 rows, 1.89 for 5, 3.24 for 16.)
+_ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
+CPU_ROW_COSTS = {fmt: RowCost(tuple(zip(_ROWS, costs))) for fmt, costs in {
+    None: (1.00, 1.01, 1.04, 1.07, 1.12, 1.20, 1.36, 1.52, 1.71, 2.07),
+    "bf16": (1.00, 1.09, 1.16, 1.18, 2.11, 2.16, 2.41, 2.67, 2.87, 3.36),
+    "int8": (1.00, 1.00, 1.09, 1.23, 2.42, 2.63, 3.02, 3.38, 3.80, 4.61),
+    "gguf": (1.00, 1.12, 1.35, 1.47, 2.07, 2.18, 2.53, 2.87, 3.26, 4.11)}.items()}
 
 
 @dataclass(frozen=True)
@@ -39,17 +47,18 @@ class SpeculativeConfig:
     method: str
     num_speculative_tokens: int
     verification: str = "rejection"
-    # shrink/pause drafting when drafts keep being rejected, and verify in a batch only the drafts
+    # shrink drafts when they keep being rejected, and verify in a batch only the drafts
     # worth their rows (spec/adaptive.py); False = always verify every draft
     adaptive_draft_length: bool = True
-    # what one more row of a forward costs, as a fraction of a one-row forward (spec/adaptive.py):
-    # drafts are verified only while their expected tokens cover it. None = CPU_ROW_COSTS[the weight
-    # format] on a CPU, and 0 on CUDA, where a few more rows cost next to nothing (every draft is verified)
+    # what one more row of a forward costs, as a fraction of a one-row forward (spec/adaptive.py): a forward of
+    # n rows costs 1 + c * n, and drafts are verified only while their expected tokens cover their rows.
+    # None = the weight format's measured curve on a CPU (CPU_ROW_COSTS), and 0 on CUDA, where a few more rows
+    # cost next to nothing (every draft is verified)
     draft_row_cost: float | None = None
     # what drafting costs in a step in which some request drafts, as a fraction of a one-row forward, for a
     # proposer that leaves out the requests the scheduler expects to verify no drafts of (spec/adaptive.py):
     # drafts are verified only where they pay for it too. None = the proposer's figure for the device
-    # (``Proposer.step_cost``: 0.35 for hidden-state drafters on a CPU; 0 on CUDA and for n-gram and suffix)
+    # (``Proposer.step_cost``: 0.2 for hidden-state drafters on a CPU; 0 on CUDA and for n-gram and suffix)
     draft_step_cost: float | None = None
     prompt_lookup_min: int = 2  # n-gram
     prompt_lookup_max: int = 4
@@ -65,12 +74,12 @@ class SpeculativeConfig:
     suffix_decoding_min_token_prob: float = 0.1  # stop drafting where the continuation's probability falls below
     suffix_decoding_cache_file: str | None = None  # global tree saved here at shutdown, loaded at start
 
-    def row_cost(self, device_type: str, quantization: str | None) -> float:
-        """``draft_row_cost``, else the figure for the device and the target's weight format
+    def row_cost(self, device_type: str, quantization: str | None) -> RowCost:
+        """``draft_row_cost``'s line, else the cost for the device and the target's weight format
         (``EngineConfig.quantization``)."""
         if self.draft_row_cost is not None:
-            return self.draft_row_cost
-        return CPU_ROW_COSTS[quantization] if device_type == "cpu" else 0.0
+            return RowCost.linear(self.draft_row_cost)
+        return CPU_ROW_COSTS[quantization] if device_type == "cpu" else RowCost.linear(0.0)
 
     def step_cost(self, device_type: str, proposer) -> float:
         return self.draft_step_cost if self.draft_step_cost is not None else proposer.step_cost(device_type)
