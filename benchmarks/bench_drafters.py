@@ -10,13 +10,16 @@ many as given; an MTP folder holds only its layers), on held-out ShareGPT conver
   thread count, the ratio, the same ratio in process CPU time (steadier than wall time on a shared
   machine), the draft step's cost (median time inside the proposer per step in which some request
   drafts, / k), the share of steps that drafted (the drafter leaves out requests that the cost model
-  would give no drafts) and identical outputs.
+  would give no drafts) and identical outputs. ``--every-draft`` adds a row per batch size with
+  every draft verified (``adaptive_draft_length`` off), beside the default adaptive drafting; each
+  speculative run is paired with a plain run just before it.
 
 ``--random``: the old cost-only mode, random EAGLE-1 / EAGLE-3 / MTP drafters (they accept almost
 nothing): the cost of one draft step relative to one target decode step.
 
     python benchmarks/bench_drafters.py                                  # shipped EAGLE-3
     python benchmarks/bench_drafters.py --drafter mtp=runs/mtp1 --threads 1,2 --batch-sizes 1,16
+    python benchmarks/bench_drafters.py --no-acceptance --every-draft --batch-sizes 1     # adaptive vs every draft
     python benchmarks/bench_drafters.py --random --batch-sizes 1,8
 """
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import shlex
 import statistics
@@ -148,14 +152,17 @@ def trained(args) -> int:
         print(f"speed at k = {k} ({'given' if args.k else 'the folder default'}):")
         print(f"{'threads':>7s} {'B':>3s} {'plain tok/s':>11s} {'spec tok/s':>10s} {'speedup':>8s} {'cpu':>6s} "
               f"{'acc len':>8s} {'draft step':>10s} {'/ decode':>8s} {'drafted':>8s} {'identical':>9s}")
+        policies = {"": True, "every draft": False} if args.every_draft else {"": True}
         for threads in args.threads:
             torch.set_num_threads(threads)
-            spec = LLM(args.model, **common, speculative_config={"method": method, "model": folder,
-                                                                 "num_speculative_tokens": k})
+            specs = {name: LLM(args.model, **common, speculative_config={
+                "method": method, "model": folder, "num_speculative_tokens": k, "adaptive_draft_length": adaptive})
+                for name, adaptive in policies.items()}
             timings: list[tuple[float, bool]] = []
-            _timed(spec, timings)
-            for b in args.batch_sizes:
-                base_tps, base_cpu, base = _generate(plain, prompts, params, b)
+            for spec in specs.values():
+                _timed(spec, timings)
+            for b, (name, spec) in itertools.product(args.batch_sizes, specs.items()):
+                base_tps, base_cpu, base = _generate(plain, prompts, params, b)  # plain again beside each: a busy host drifts
                 timings.clear()
                 before = spec.stats()
                 tps, cpu, outs = _generate(spec, prompts, params, b)
@@ -170,7 +177,7 @@ def trained(args) -> int:
                 same = sum(a.outputs[0].token_ids == c.outputs[0].token_ids for a, c in zip(base, outs))
                 length = f"{(accepted + steps) / steps:8.2f}" if steps else f"{'-':>8s}"  # no step verified drafts
                 print(f"{threads:7d} {b:3d} {base_tps:11.1f} {tps:10.1f} {tps / base_tps:7.2f}x {cpu / base_cpu:5.2f}x "
-                      f"{length} {cost} {share:7.0%} {same:4d}/{len(outs)}")
+                      f"{length} {cost} {share:7.0%} {same:4d}/{len(outs)} {name}")
     return 0
 
 
@@ -185,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--accept-batch", type=int, default=16, help="batch size of the acceptance runs")
     p.add_argument("--no-acceptance", dest="acceptance", action="store_false", help="speed runs only")
     p.add_argument("--k", type=int, default=None, help="draft length for the speed runs (default: the folder's)")
+    p.add_argument("--every-draft", action="store_true",
+                   help="also time the drafter with every draft verified (adaptive_draft_length off) beside the default")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--export", default=None,
                    help="--random: also keep the drafters and write prompts.json here (for peer_vllm.py --spec-model)")
