@@ -170,6 +170,33 @@ def test_cpu_kernel_gives_the_same_bits_on_any_thread_count():
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
+@pytest.mark.parametrize("head_dim", [32, 64])
+@torch.inference_mode()
+def test_cpu_kernel_row_bits_do_not_depend_on_the_batch_or_the_query_length(monkeypatch, head_dim):
+    """What greedy speculative identity rests on: a decode row gives the same bits alone (its heads split over
+    the threads) as among many requests (an item per request), and as the last token of a 4-token verification
+    query at the same position."""
+    monkeypatch.setattr(sys.modules[__name__], "HEAD_DIM", head_dim)
+    gen = torch.Generator().manual_seed(8)
+    attn = get_backend("cpu")
+    layout = [(4, 296)] + [(1, 50 + 29 * i) for i in range(11)]
+    batch, q, k, v, kv_cache, _, _ = _case(gen, layout)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        cache = kv_cache.clone()
+        many = attn.forward(q, k, v, cache, attn.build_metadata(batch, torch.device("cpu")))  # writes all K/V
+        last = dataclasses.replace(batch, query_start_loc=torch.tensor([0, 1]), seq_lens=batch.seq_lens[:1],
+                                   block_table=batch.block_table[:1], slot_mapping=batch.slot_mapping[3:4],
+                                   max_query_len=1, max_seq_len=300)
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            alone = attn.forward(q[3:4], k[3:4], v[3:4], cache.clone(), attn.build_metadata(last, torch.device("cpu")))
+            assert torch.equal(alone, many[3:4]), threads
+    finally:
+        torch.set_num_threads(before)
+
+
 @torch.inference_mode()
 def test_cpu_kernel_reads_views_of_a_fused_qkv_product():
     """q/k/v as the model hands them over (views into one [T, H + 2 KVH, D] tensor, token stride past

@@ -1,0 +1,81 @@
+"""Decode attention on the CPU: eyas's C kernel against torch's scaled_dot_product_attention, one layer.
+
+The shape of the default model (SmolLM2-135M: 9 query heads, 3 KV heads, head dim 64), a float32 paged
+KV cache of 16-token blocks, B requests decoding one token each over ``--contexts`` keys. Both backends
+read the same cache through the same block tables: ``cpu`` (the C kernel, eyas's default on a CPU) and
+``sdpa`` (eyas's fallback: each request's keys gathered, then torch's scaled_dot_product_attention).
+Per batch size and context, the median time of one layer's attention over ``--repeats`` interleaved
+calls, the rate it reads the K/V it attends over, and the ratio. A decode step of the default model
+runs 30 such layers.
+
+    python benchmarks/bench_attention.py [--threads 2] [--batch-sizes 1,16] [--contexts 256,512,1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from bench_cpu import SHOWN_FLAGS
+
+from eyas.kernels import cpu_flags, cpu_isa
+from eyas.model.attention import AttentionBatch, get_backend
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def decode_batch(batch: int, context: int, gen: torch.Generator) -> tuple[AttentionBatch, int]:
+    """B requests at position context - 1 each, over shuffled blocks (as a long-running engine's are)."""
+    per = -(-context // BLOCK)
+    blocks = torch.randperm(batch * per + 1, generator=gen)[:batch * per].view(batch, per)
+    seq_lens = torch.full((batch,), context, dtype=torch.int64)
+    slots = blocks[:, (context - 1) // BLOCK] * BLOCK + (context - 1) % BLOCK
+    return AttentionBatch(torch.arange(batch + 1, dtype=torch.int64), seq_lens, blocks, slots, BLOCK, 1,
+                          context), batch * per + 1
+
+
+@torch.inference_mode()
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch-sizes", type=_ints, default="1,16")
+    p.add_argument("--contexts", type=_ints, default="256,512,1024")
+    p.add_argument("--repeats", type=int, default=21)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    flags = cpu_flags()
+    print(f"CPU: {' '.join(f for f in SHOWN_FLAGS if f in flags)}; eyas kernels built for: {cpu_isa()}; "
+          f"{args.threads} thread(s)")
+    backends = {name: get_backend(name) for name in ("cpu", "sdpa")}
+    print(f"{'B':>3} {'keys':>5} {'K/V MB':>7} {'C kernel us':>11} {'GB/s':>5} {'sdpa us':>8} {'GB/s':>5} {'sdpa / C':>8}")
+    gen = torch.Generator().manual_seed(0)
+    for b in args.batch_sizes:
+        for context in args.contexts:
+            batch, num_blocks = decode_batch(b, context, gen)
+            cache = torch.randn(2, num_blocks * BLOCK, KV_HEADS, HEAD_DIM, generator=gen)
+            q = torch.randn(b, HEADS, HEAD_DIM, generator=gen)
+            k, v = (torch.randn(b, KV_HEADS, HEAD_DIM, generator=gen) for _ in range(2))
+            metas = {name: be.build_metadata(batch, torch.device("cpu")) for name, be in backends.items()}
+            times: dict[str, list[float]] = {name: [] for name in backends}
+            outs = {}
+            for _ in range(args.repeats):
+                for name, be in backends.items():
+                    start = time.perf_counter()
+                    outs[name] = be.forward(q, k, v, cache, metas[name])
+                    times[name].append(time.perf_counter() - start)
+            torch.testing.assert_close(outs["cpu"], outs["sdpa"], rtol=1e-4, atol=1e-5)
+            mb = 2 * b * context * KV_HEADS * HEAD_DIM * 4 / 1e6
+            t = {name: statistics.median(ts) * 1e6 for name, ts in times.items()}
+            print(f"{b:3d} {context:5d} {mb:7.1f} {t['cpu']:11.0f} {mb / t['cpu'] * 1e3:5.1f} {t['sdpa']:8.0f} "
+                  f"{mb / t['sdpa'] * 1e3:5.1f} {t['sdpa'] / t['cpu']:7.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
