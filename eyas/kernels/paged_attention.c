@@ -121,6 +121,29 @@ static inline void rows_f32(const void *base, int64_t index, int64_t stride, int
     }
 }
 
+/* An item's rows: row r is token q_start + r / per's head head0 + r % per. Its scaled query goes to qs, and
+ * its accumulator, running max and running sum start empty. */
+static inline void start_rows(const float *q, int64_t q_stride, int64_t q_start, int64_t rows, int64_t per,
+                              int64_t head0, int64_t d, float scale, float *qs, float *acc, float *m, float *l) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *src = q + (q_start + r / per) * q_stride + (head0 + r % per) * d;
+        for (int64_t i = 0; i < d; i++) qs[r * d + i] = src[i] * scale;
+        memset(acc + r * d, 0, d * sizeof(float));
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+}
+
+/* The rows of start_rows, each accumulator over its sum, into out [num_tokens, num_heads, d]. */
+static inline void finish_rows(float *out, int64_t q_start, int64_t rows, int64_t per, int64_t head0,
+                               int64_t num_heads, int64_t d, const float *acc, const float *l) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *dst = out + ((q_start + r / per) * num_heads + head0 + r % per) * d;
+        float inv = 1.0f / l[r];
+        for (int64_t i = 0; i < d; i++) dst[i] = acc[r * d + i] * inv;
+    }
+}
+
 /* One (request, KV head) item. Always inlined, and called with a constant d for common head dims
  * (the switch in eyas_paged_attention), so the loops over d unroll and keep a query or accumulator
  * row in registers. */
@@ -142,13 +165,7 @@ static inline __attribute__((always_inline)) void attend_item(
     int64_t first = seq_len - q_len; /* position of query 0 */
     int64_t lo_all = window > 0 ? first - window + 1 : 0;
     if (lo_all < 0) lo_all = 0;
-    for (int64_t r = 0; r < rows; r++) { /* row r = token r / groups, head kv_head * groups + r % groups */
-        const float *src = q + (q_start + r / groups) * q_stride + (kv_head * groups + r % groups) * d;
-        for (int64_t i = 0; i < d; i++) qs[r * d + i] = src[i] * scale;
-        memset(acc + r * d, 0, d * sizeof(float));
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-    }
+    start_rows(q, q_stride, q_start, rows, groups, kv_head * groups, d, scale, qs, acc, m, l);
     for (int64_t start = lo_all - lo_all % block_size; start < seq_len; start += block_size) {
         int64_t slot0 = table[start / block_size] * block_size;
         int64_t n = seq_len - start < block_size ? seq_len - start : block_size;
@@ -184,11 +201,7 @@ static inline __attribute__((always_inline)) void attend_item(
             accumulate(acc + r * d, sr, vp + t0, t1 - t0, d);
         }
     }
-    for (int64_t r = 0; r < rows; r++) {
-        float *dst = out + ((q_start + r / groups) * num_heads + kv_head * groups + r % groups) * d;
-        float inv = 1.0f / l[r];
-        for (int64_t i = 0; i < d; i++) dst[i] = acc[r * d + i] * inv;
-    }
+    finish_rows(out, q_start, rows, groups, kv_head * groups, num_heads, d, acc, l);
 }
 
 typedef float v16f __attribute__((vector_size(64)));
@@ -257,13 +270,7 @@ static inline __attribute__((always_inline)) void attend_heads16(
     int64_t first = seq_len - q_len;
     int64_t lo_all = window > 0 ? first - window + 1 : 0;
     if (lo_all < 0) lo_all = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *src = q + (q_start + r / heads) * q_stride + (kv0 * groups + r % heads) * d;
-        for (int64_t i = 0; i < d; i++) qs[r * d + i] = src[i] * scale;
-        memset(acc + r * d, 0, d * sizeof(float));
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-    }
+    start_rows(q, q_stride, q_start, rows, heads, kv0 * groups, d, scale, qs, acc, m, l);
     for (int64_t start = lo_all - lo_all % block_size; start < seq_len; start += block_size) {
         int64_t n = seq_len - start < block_size ? seq_len - start : block_size;
         int64_t at = table[start / block_size] * block_size * slot_stride + kv0 * d;
@@ -318,11 +325,7 @@ static inline __attribute__((always_inline)) void attend_heads16(
             }
         }
     }
-    for (int64_t r = 0; r < rows; r++) {
-        float *dst = out + ((q_start + r / heads) * num_heads + kv0 * groups + r % heads) * d;
-        float inv = 1.0f / l[r];
-        for (int64_t i = 0; i < d; i++) dst[i] = acc[r * d + i] * inv;
-    }
+    finish_rows(out, q_start, rows, heads, kv0 * groups, num_heads, d, acc, l);
 }
 
 /* First writes this step's K/V into the cache: token t's k and v rows ([num_kv_heads, d] each, in the
