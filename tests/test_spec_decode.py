@@ -286,39 +286,41 @@ def test_budget_peek_is_the_next_limit_and_estimate_without_side_effects():
 def test_a_request_the_cost_model_skips_is_retried_as_its_evidence_fades():
     """The documented example: at 8 decoding rows (c = 0.07) a request at 0.29 gets no draft; after 10 steps
     without drafts its estimate is back at 0.36 and its first draft is verified again."""
-    from eyas.spec.adaptive import DraftBudget, Evidence, allocate_drafts
+    from eyas.spec.adaptive import DraftBudget, Evidence, RowCost, allocate_drafts
 
     b = DraftBudget(k=4, limit=4, after_hit=Evidence(accepted=1.0, rejections=4.0))
     others = [(4, 0.2, 0)] * 7
     waited = 0
-    while allocate_drafts([(b.peek()[0], b.peek()[1], 0)] + others, 8, 0.07, 64)[0] == 0:
+    while allocate_drafts([(b.peek()[0], b.peek()[1], 0)] + others, 8, RowCost.linear(0.07), 64)[0] == 0:
         b.update(0, 0)
         waited += 1
     assert waited == 9 and b.peek()[1] == pytest.approx(0.36, abs=0.005)
 
 
 def test_draft_allocation_follows_the_documented_examples():
-    from eyas.spec.adaptive import allocate_drafts
+    from eyas.spec.adaptive import RowCost, allocate_drafts
 
-    assert allocate_drafts([(8, 0.85, 0)], num_rows=1, row_cost=0.05, max_drafts=64) == [8]
-    assert allocate_drafts([(8, 0.5, 0)] * 8, num_rows=8, row_cost=0.05, max_drafts=64) == [1] * 8
-    assert allocate_drafts([(8, 0.5, 0)] * 8, num_rows=8, row_cost=0.0, max_drafts=64) == [8] * 8  # CUDA: all
+    line = RowCost.linear
+
+    assert allocate_drafts([(8, 0.85, 0)], num_rows=1, cost=line(0.05), max_drafts=64) == [8]
+    assert allocate_drafts([(8, 0.5, 0)] * 8, num_rows=8, cost=line(0.05), max_drafts=64) == [1] * 8
+    assert allocate_drafts([(8, 0.5, 0)] * 8, num_rows=8, cost=line(0.0), max_drafts=64) == [8] * 8  # CUDA: all
     # best drafts first: the 0.95 request's two (0.95, 0.90) and 0.5's first two (0.5, 0.25) beat
     # the 0.5 request's third (0.125); a request offering none gets none; the budget caps the total
-    assert allocate_drafts([(3, 0.5, 0), (0, 0.9, 0), (2, 0.95, 0)], num_rows=3, row_cost=0.05, max_drafts=64) == [2, 0, 2]
-    assert allocate_drafts([(3, 0.5, 0), (0, 0.9, 0), (2, 0.95, 0)], num_rows=3, row_cost=0.05, max_drafts=3) == [1, 0, 2]
+    assert allocate_drafts([(3, 0.5, 0), (0, 0.9, 0), (2, 0.95, 0)], num_rows=3, cost=line(0.05), max_drafts=64) == [2, 0, 2]
+    assert allocate_drafts([(3, 0.5, 0), (0, 0.9, 0), (2, 0.95, 0)], num_rows=3, cost=line(0.05), max_drafts=3) == [1, 0, 2]
     # a long prompt chunk in the same forward makes drafts cheap relative to the step
-    assert allocate_drafts([(8, 0.5, 0)] * 8, num_rows=8 + 512, row_cost=0.05, max_drafts=64) == [5] * 8
+    assert allocate_drafts([(8, 0.5, 0)] * 8, num_rows=8 + 512, cost=line(0.05), max_drafts=64) == [5] * 8
     # drafts forced by a grammar are certain: 8 requests at 0.5 verify their 3 forced drafts (where they would
     # verify 1 without); then the 4th, worth 0.5, no longer covers its row (0.5 * (1 + 0.05 * 32) < 0.05 * 32)
-    assert allocate_drafts([(8, 0.5, 3)] * 8, num_rows=8, row_cost=0.05, max_drafts=64) == [3] * 8
+    assert allocate_drafts([(8, 0.5, 3)] * 8, num_rows=8, cost=line(0.05), max_drafts=64) == [3] * 8
     # a drafter whose step costs s = 0.35 of a one-row forward: drafts must pay for it too (k = 1)
-    assert allocate_drafts([(1, 0.5, 0)], num_rows=1, row_cost=0.07, max_drafts=64, step_cost=0.35) == [1]
-    assert allocate_drafts([(1, 0.36, 0)], num_rows=1, row_cost=0.07, max_drafts=64, step_cost=0.35) == [0]
-    assert allocate_drafts([(1, 0.5, 0)] * 14, num_rows=14, row_cost=0.07, max_drafts=64, step_cost=0.35) == [0] * 14
-    assert allocate_drafts([(1, 0.5, 0)] * 4, num_rows=4, row_cost=0.07, max_drafts=64, step_cost=0.35) == [1] * 4
+    assert allocate_drafts([(1, 0.5, 0)], num_rows=1, cost=line(0.07), max_drafts=64, step_cost=0.35) == [1]
+    assert allocate_drafts([(1, 0.36, 0)], num_rows=1, cost=line(0.07), max_drafts=64, step_cost=0.35) == [0]
+    assert allocate_drafts([(1, 0.5, 0)] * 14, num_rows=14, cost=line(0.07), max_drafts=64, step_cost=0.35) == [0] * 14
+    assert allocate_drafts([(1, 0.5, 0)] * 4, num_rows=4, cost=line(0.07), max_drafts=64, step_cost=0.35) == [1] * 4
     # a draft forced by a grammar needs no drafter: at batch 16 it is verified, the drafter's 0.3 after it is not
-    assert allocate_drafts([(4, 0.3, 1)] + [(0, 0.5, 0)] * 15, num_rows=16, row_cost=0.07, max_drafts=64,
+    assert allocate_drafts([(4, 0.3, 1)] + [(0, 0.5, 0)] * 15, num_rows=16, cost=line(0.07), max_drafts=64,
                            step_cost=0.35) == [1] + [0] * 15
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from eyas.config import SchedulerConfig
 from eyas.engine.request import Request, RequestStatus
 from eyas.kv.manager import KVCacheManager
-from eyas.spec.adaptive import DraftBudget, RowCost, allocate_drafts
+from eyas.spec.adaptive import FREE_ROWS, DraftBudget, RowCost, allocate_drafts
 from eyas.spec.metrics import SpecStats
 
 if TYPE_CHECKING:
@@ -52,12 +52,11 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, speculative: "SpeculativeConfig | None" = None,
-                 draft_row_cost: RowCost | float = 0.0, draft_step_cost: float = 0.0):
+                 draft_row_cost: RowCost = FREE_ROWS, draft_step_cost: float = 0.0):
         self.config = config
         self.kv = kv
         self.speculative = speculative
-        # a forward's cost by its rows (a number c: the line 1 + c * n), in one-row forwards
-        self.draft_row_cost = draft_row_cost if isinstance(draft_row_cost, RowCost) else RowCost.linear(draft_row_cost)
+        self.draft_row_cost = draft_row_cost  # a forward's cost by its rows, in one-row forwards
         self.draft_step_cost = draft_step_cost  # the drafter's work in a step that verifies drafts, likewise
         self.num_lookahead_tokens = speculative.num_speculative_tokens if speculative else 0
         self.budgets: dict[str, DraftBudget] = {}  # request id -> adaptive draft length
@@ -139,7 +138,7 @@ class Scheduler:
             offers = [(len(d), self.budgets[i].acceptance(), _leading(f)) for i, (d, f) in offered.items()]
             counts = allocate_drafts(offers, num_rows, self.draft_row_cost, budget, self.draft_step_cost)
         else:  # every draft, first come first served within the budget
-            counts = allocate_drafts([(len(d), 1.0, 0) for d, _ in offered.values()], num_rows, 0.0, budget)
+            counts = allocate_drafts([(len(d), 1.0, 0) for d, _ in offered.values()], num_rows, FREE_ROWS, budget)
         return {i: (d[:n], f[:n]) for (i, (d, f)), n in zip(offered.items(), counts)}
 
     def _rows(self, left, budget: int) -> tuple[list[Request], int, int]:

@@ -265,7 +265,8 @@ static inline __attribute__((always_inline)) void attend_heads16(
     float *l = m + rows;                   /* [rows] running sum */
     float *kbuf = l + rows;                /* [block_size, width] widened K rows of the item's KV heads */
     float *vbuf = kbuf + block_size * width; /* [block_size, width] widened V rows */
-    const float **kp = (const float **)(vbuf + block_size * width + (2 * rows) % 2);
+    /* [block_size] row pointers, 8-byte aligned: every count of floats before them is even */
+    const float **kp = (const float **)(vbuf + block_size * width);
     const float **vp = kp + block_size;
     int64_t first = seq_len - q_len;
     int64_t lo_all = window > 0 ? first - window + 1 : 0;

@@ -152,31 +152,32 @@ class RowCost:
     ...: up to 4 rows share a register tile, so a 2-row verification costs 1.12 forwards, not the 1.20 of the
     straight line fitted over 1..16 rows (c = 0.25), and a 5th row costs 0.60."""
 
-    points: tuple[tuple[int, float], ...]
+    points: tuple[tuple[int, float], ...]  # rows ascending, at least two
 
     @classmethod
     def linear(cls, c: float) -> "RowCost":
         return cls(((0, 1.0), (1, 1.0 + c)))
 
     def __call__(self, rows: int) -> float:
-        segments = list(zip(self.points, self.points[1:]))
-        for (n0, c0), (n1, c1) in segments:
-            if rows <= n1 or (n1, c1) == self.points[-1]:
-                return c0 + (c1 - c0) * (rows - n0) / (n1 - n0)
-        raise ValueError("RowCost needs at least two points")
+        # the segment ending at the first point at or past rows; past the last point, the last segment extended
+        end = next((i for i, (n, _) in enumerate(self.points) if i and rows <= n), len(self.points) - 1)
+        (n0, c0), (n1, c1) = self.points[end - 1], self.points[end]
+        return c0 + (c1 - c0) * (rows - n0) / (n1 - n0)
 
 
-def allocate_drafts(offers: list[tuple[int, float, int]], num_rows: int, row_cost: "RowCost | float",
+FREE_ROWS = RowCost.linear(0.0)  # rows that cost nothing (CUDA): every offered draft is verified
+
+
+def allocate_drafts(offers: list[tuple[int, float, int]], num_rows: int, cost: RowCost,
                     max_drafts: int, step_cost: float = 0.0) -> list[int]:
     """How many drafts each sampling request verifies this step (see the module docstring).
 
     ``offers[i]`` = (drafts request i may verify, its acceptance estimate, how many of them lead
-    the chain forced by its grammar); ``num_rows``: the forward's rows without drafts; ``row_cost``: the
-    forward's cost by its rows (a number c: ``RowCost.linear(c)``); ``max_drafts``: what the token budget
+    the chain forced by its grammar); ``num_rows``: the forward's rows without drafts; ``cost``: the
+    forward's cost by its rows; ``max_drafts``: what the token budget
     leaves for drafts; ``step_cost``: the drafter's work, paid by a step that verifies any draft it made
     (forced drafts need none).
     """
-    cost = row_cost if isinstance(row_cost, RowCost) else RowCost.linear(row_cost)
     gains = sorted(((acceptance ** max(0, j - certain), j <= certain, i)
                     for i, (n, acceptance, certain) in enumerate(offers) for j in range(1, n + 1)),
                    key=lambda gain: -gain[0])  # stable: a request's drafts stay in order; forced ones (1) first

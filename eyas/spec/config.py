@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from eyas.spec.adaptive import RowCost
+from eyas.spec.adaptive import FREE_ROWS, RowCost
 
 MAX_SPECULATIVE_TOKENS = 16
 # options that belong to one method or a few; a proposer lists the ones it reads in ``config_fields``
@@ -79,7 +79,7 @@ class SpeculativeConfig:
         (``EngineConfig.quantization``)."""
         if self.draft_row_cost is not None:
             return RowCost.linear(self.draft_row_cost)
-        return CPU_ROW_COSTS[quantization] if device_type == "cpu" else RowCost.linear(0.0)
+        return CPU_ROW_COSTS[quantization] if device_type == "cpu" else FREE_ROWS
 
     def step_cost(self, device_type: str, proposer) -> float:
         return self.draft_step_cost if self.draft_step_cost is not None else proposer.step_cost(device_type)
