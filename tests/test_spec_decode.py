@@ -324,6 +324,19 @@ def test_draft_allocation_follows_the_documented_examples():
                            step_cost=0.35) == [1] + [0] * 15
 
 
+def test_draft_allocation_looks_past_a_jump_in_the_row_cost():
+    """The documented GGUF-curve example: a 5th row costs 0.60 of a forward after 0.12 for the 4th, so a 4th draft
+    alone never pays; at acceptance 0.95 all 8 drafts do (7.40 tokens for 2.70 beat 3.71 for 1.47), at 0.90 not."""
+    from eyas.spec.adaptive import RowCost, allocate_drafts
+
+    gguf = RowCost(((1, 1.0), (2, 1.12), (3, 1.35), (4, 1.47), (5, 2.07), (6, 2.18), (8, 2.53), (10, 2.87)))
+    assert allocate_drafts([(8, 0.95, 0)], num_rows=1, cost=gguf, max_drafts=64) == [8]
+    assert allocate_drafts([(8, 0.90, 0)], num_rows=1, cost=gguf, max_drafts=64) == [3]
+    assert allocate_drafts([(8, 0.95, 0)], num_rows=1, cost=gguf, max_drafts=5) == [3]  # 5 do not clear the jump
+    # the drafter's step is paid once: with s = 0.2 the same request still takes all 8
+    assert allocate_drafts([(8, 0.95, 0)], num_rows=1, cost=gguf, max_drafts=64, step_cost=0.2) == [8]
+
+
 def test_adaptive_drafting_backs_off_when_drafts_are_useless(spec_models, monkeypatch):
     """A proposer that is always wrong costs few verified drafts with the adaptive policy. With rows at 0.1 of a
     one-row forward (as the quantized CPU kernels' are) and 2 decoding requests, a first draft must be worth
