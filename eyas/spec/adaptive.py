@@ -46,10 +46,10 @@ fails. The measured CPU curves bend the other way at a register tile's edge: on 
 costs 0.60 of a forward where the 4th cost 0.12. One request at acceptance 0.95 offering 8 drafts: the
 4th, worth 0.81, does not cover that jump (0.81 * 1.47 < 3.71 * 0.60), so a rule that stops at the first
 draft that does not pay verifies 3 (3.71 tokens for 1.47, 2.52 a forward), where all 8 give 7.40 tokens
-for 2.70 (2.74); at 0.90, 3 is best (2.34 against 2.27). In an exact replay of bench_spec's batch-1
-workloads on that curve (the plain outputs fixed, each step's drafts and acceptance recomputed), the
-best prefix emitted 4.5% more tokens per forward on copy prompts (n-gram and suffix) and 2% more for
-suffix decoding on code, and left chat level. With c = s = 0 (CUDA, where a few more rows cost nothing)
+for 2.70 (2.74); at 0.90, 3 is best (2.34 against 2.27). Replaying bench_spec's batch-1 workloads
+exactly on that curve (``benchmarks/replay_drafting.py``: the plain outputs fixed, each step's drafts and
+acceptance recomputed), the best prefix emitted 4.4-4.5% more tokens per forward on copy prompts (n-gram
+and suffix) and 2% more for suffix decoding on code, and left chat level. With c = s = 0 (CUDA, where a few more rows cost nothing)
 every offered draft is verified. Examples on the line (c = 0.05,
 s = 0): one request with acceptance 0.85 verifies all 8 drafts (the 8th is worth 0.27 >= 0.17),
 while 8 requests with acceptance 0.5 verify one draft each (the first is worth 0.5 >= 0.29; then a
