@@ -5,8 +5,8 @@ timing. The prompts are held-out ShareGPT openings (conversation 13,000 on), nev
 
 The floor below is a regression check of the drafter shipped now (measured: 1.47 at its default
 k = 1, 64 tokens; the one before it, on 59% of the regenerated replies, 1.45; the one fine-tuned on a CPU,
-1.36-1.38; the one before that, on a fifth of the data, 1.26), below the 2.0 that issue 15 asks of a shipped drafter; a drafter that read the wrong aux layers
-or vocabulary would accept about nothing (1.0).
+1.36-1.38; the one before that, on a fifth of the data, 1.26), below the 2.0 that issue 15 asks of a
+shipped drafter; a drafter that read the wrong aux layers or vocabulary would accept about nothing (1.0).
 """
 
 from __future__ import annotations
