@@ -61,6 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 @dataclass
 class Replay:
+    """One replayed run: output tokens after the first, their cost in one-row forwards, and the steps that
+    verified drafts with the tokens those steps emitted."""
+
     tokens: int = 0
     cost: float = 0.0
     spec_steps: int = 0
