@@ -98,8 +98,10 @@ def _proposer(**options) -> SuffixProposer:
                           None)
 
 
-def _step(proposer, rows: dict[str, tuple[list[int], list[int]]], speculate=True) -> dict[str, list[int]]:
-    """One propose call: request id -> (committed tokens, tokens emitted this step); returns the drafts."""
+def _step(proposer, rows: dict[str, tuple[list[int], list[int]]], speculate=True,
+          expected: int | None = None) -> dict[str, list[int]]:
+    """One propose call: request id -> (committed tokens, tokens emitted this step); returns the drafts.
+    ``expected``: the drafts the scheduler expects to verify per row (default k)."""
     ids = list(rows)
     width = max(len(e) for _, e in rows.values())
     out = proposer.propose(ProposerInput(
@@ -108,7 +110,8 @@ def _step(proposer, rows: dict[str, tuple[list[int], list[int]]], speculate=True
         num_emitted=torch.tensor([len(rows[i][1]) for i in ids]), num_speculative_tokens=proposer.k,
         input_ids=torch.zeros(0), positions=torch.zeros(0), query_start_loc=torch.zeros(1), seq_lens=torch.zeros(0),
         sample_rows=list(range(len(ids))), hidden_states=None, aux_hidden_states=None, block_tables=[],
-        next_token_ids=[], num_drafts=[0] * len(ids), expected_drafts=[proposer.k] * len(ids),
+        next_token_ids=[], num_drafts=[0] * len(ids),
+        expected_drafts=[proposer.k if expected is None else expected] * len(ids),
         seeds=torch.zeros(len(ids), dtype=torch.int64),
         sampling_params=[SamplingParams(speculate=speculate)] * len(ids)))
     counts = out.num_drafts.tolist()
@@ -130,6 +133,20 @@ def test_drafts_come_from_the_request_itself_then_from_earlier_outputs():
     # opting out of speculation: no tree, no drafts
     assert _step(proposer, {"c": ([10, 11, 12], [13])}, speculate=False) == {"c": []}
     assert set(proposer.requests) == {"b"}
+
+
+def test_a_row_expected_to_verify_nothing_gets_no_drafts_but_its_tree_keeps_up():
+    """The scheduler told 0 for a row: no walk, no drafts; the next step drafts as if the row had never been skipped."""
+    told, never = _proposer(), _proposer()
+    steps = [([1, 2, 3, 4, 1, 2], [3]), ([1, 2, 3, 4, 1, 2, 3], [4, 1]), ([1, 2, 3, 4, 1, 2, 3, 4, 1], [2])]
+    for n, rows in enumerate(steps):
+        skipped = n < 2
+        got = _step(told, {"a": rows}, expected=0 if skipped else None)
+        assert got == ({"a": []} if skipped else _step(never, {"a": rows})), n
+        if skipped:
+            _step(never, {"a": rows})
+    assert told.requests["a"].tokens == never.requests["a"].tokens == [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    assert got == {"a": [3, 4, 1, 2]}  # the last step drafted from the tokens of the skipped ones
 
 
 def test_global_draft_replaces_the_own_only_with_a_higher_score():
