@@ -233,6 +233,13 @@ static inline v16f lane_sums16(const v16f a[16]) {
            + __builtin_shufflevector(w[0], w[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
+/* q . k as 16 lanes: lane j sums q[16 i + j] * k[16 i + j] over i = 0 .. nv - 1, in that order. */
+static inline v16f lane_products(const float *q, const float *k, int64_t nv) {
+    v16f p = load16(q) * load16(k);
+    for (int64_t i = 1; i < nv; i++) p += load16(q + 16 * i) * load16(k + 16 * i);
+    return p;
+}
+
 static inline float max16(v16f v) {
     v8f h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7), g = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12,
                                                                                                  13, 14, 15);
@@ -287,17 +294,12 @@ static inline __attribute__((always_inline)) void attend_heads16(
             for (int64_t c = t0 - t0 % 16; c < t1; c += 16) { /* 16 keys (block_size is a multiple of 16) */
                 v16f part[16], sc;
                 if (c >= t0 && c + 16 <= t1) { /* all 16 keys visible: the partial sums stay in registers */
-                    for (int t = 0; t < 16; t++) {
-                        part[t] = load16(qr) * load16(kp[c + t] + off);
-                        for (int64_t i = 1; i < nv; i++) part[t] += load16(qr + 16 * i) * load16(kp[c + t] + off + 16 * i);
-                    }
+                    for (int t = 0; t < 16; t++) part[t] = lane_products(qr, kp[c + t] + off, nv);
                     sc = lane_sums16(part);
                 } else {
                     for (int t = 0; t < 16; t++) {
                         part[t] = (v16f){0};
-                        if (c + t < t0 || c + t >= t1) continue;
-                        part[t] = load16(qr) * load16(kp[c + t] + off);
-                        for (int64_t i = 1; i < nv; i++) part[t] += load16(qr + 16 * i) * load16(kp[c + t] + off + 16 * i);
+                        if (c + t >= t0 && c + t < t1) part[t] = lane_products(qr, kp[c + t] + off, nv);
                     }
                     sc = lane_sums16(part);
                     for (int t = 0; t < 16; t++)
