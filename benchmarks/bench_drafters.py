@@ -11,8 +11,11 @@ many as given; an MTP folder holds only its layers), on held-out ShareGPT conver
   machine), the draft step's cost (median time inside the proposer per step in which some request
   drafts, / k), the share of steps that drafted (the drafter leaves out requests that the cost model
   would give no drafts) and identical outputs. ``--every-draft`` adds a row per batch size with
-  every draft verified (``adaptive_draft_length`` off), beside the default adaptive drafting; each
-  speculative run is paired with a plain run just before it.
+  every draft verified (``adaptive_draft_length`` off), beside the default adaptive drafting. The plain
+  engine and every speculative one take turns call by call (batch 1: prompt by prompt), so a host whose
+  speed drifts slows them alike. ``--suffix`` adds rows with suffix decoding in
+  front of the drafter (``enable_suffix_decoding``, ``eyas.spec.suffix_hybrid``), saying how many request
+  rows took suffix decoding's drafts and how many the drafter's.
 
 ``--random``: the old cost-only mode, random EAGLE-1 / EAGLE-3 / MTP drafters (they accept almost
 nothing): the cost of one draft step relative to one target decode step.
@@ -20,6 +23,7 @@ nothing): the cost of one draft step relative to one target decode step.
     python benchmarks/bench_drafters.py                                  # shipped EAGLE-3
     python benchmarks/bench_drafters.py --drafter mtp=runs/mtp1 --threads 1,2 --batch-sizes 1,16
     python benchmarks/bench_drafters.py --no-acceptance --every-draft --batch-sizes 1     # adaptive vs every draft
+    python benchmarks/bench_drafters.py --no-acceptance --suffix                          # with suffix decoding in front
     python benchmarks/bench_drafters.py --random --batch-sizes 1,8
 """
 
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
+import functools
 import json
 import shlex
 import statistics
@@ -46,6 +50,7 @@ from eyas.drafters import shipped_drafter
 from eyas.model.drafters import Eagle1Drafter, Eagle3Drafter, MtpDrafter, TargetParts, save_drafter
 from eyas.model.loader import load_model
 from eyas.model.resolve import resolve_model
+from eyas.spec.suffix_hybrid import SuffixHybrid
 
 
 def _randomize(module: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -106,6 +111,50 @@ def _timed(llm, timings: list[tuple[float, bool]]) -> None:
     proposer.propose = timed
 
 
+def _rows_taken(llm) -> tuple[int, int]:
+    """(rows that took suffix decoding's drafts, rows the drafter drafted) so far with ``enable_suffix_decoding``
+    (``eyas.spec.suffix_hybrid``); (0, 0) without."""
+    proposer = llm.engine.runner.proposer
+    return (proposer.suffix_rows, proposer.drafter_rows) if isinstance(proposer, SuffixHybrid) else (0, 0)
+
+
+@dataclasses.dataclass
+class _Run:
+    """One engine's part of an interleaved measurement: its calls' wall and process CPU time, outputs, and its
+    counters (stats, steps through the proposer, suffix rows) since the run began."""
+
+    llm: LLM
+    seconds: float = 0.0
+    cpu: float = 0.0
+    timings: list[tuple[float, bool]] = dataclasses.field(default_factory=list)  # the engine's ``_timed`` record
+    outs: list = dataclasses.field(default_factory=list)
+    steps: list[tuple[float, bool]] = dataclasses.field(default_factory=list)  # this run's part of ``timings``
+
+    def __post_init__(self):
+        self.before, self.rows_before = self.llm.stats(), _rows_taken(self.llm)
+
+    def call(self, prompts, params) -> None:
+        start, start_cpu, recorded = time.perf_counter(), time.process_time(), len(self.timings)
+        self.outs += self.llm.generate(prompts, params, use_tqdm=False)
+        self.steps += self.timings[recorded:]
+        self.seconds += time.perf_counter() - start
+        self.cpu += time.process_time() - start_cpu
+
+    @property
+    def tok_s(self) -> float:
+        return sum(len(o.outputs[0].token_ids) for o in self.outs) / self.seconds
+
+    @property
+    def cpu_tok_s(self) -> float:
+        return sum(len(o.outputs[0].token_ids) for o in self.outs) / self.cpu
+
+    def stat(self, key: str) -> int:
+        return self.llm.stats()[key] - self.before[key]
+
+    def rows_taken(self) -> list[int]:
+        return [n - m for n, m in zip(_rows_taken(self.llm), self.rows_before)]
+
+
 def _generate(llm, prompts, params, batch: int) -> tuple[float, float, list]:
     """tok/s of the prompts at this batch size (batch 1: one request at a time) in wall time and in process CPU
     time, and the outputs."""
@@ -143,6 +192,12 @@ def trained(args) -> int:
     prompts = [tok.encode(tok.apply_chat_template(c, add_generation_prompt=True), add_special_tokens=False)
                for c in chat_prompts(args.num_prompts, start=HELD_OUT_START)]
     print(f"{len(prompts)} held-out prompts (conversations {HELD_OUT_START}+), {args.max_tokens} new tokens, greedy")
+    # two tokens of the first training-split prompts at every batch size, before an engine's first timed run
+    warmup = [tok.encode(tok.apply_chat_template(c, add_generation_prompt=True), add_special_tokens=False)
+              for c in chat_prompts(max(args.batch_sizes))]
+    warm = functools.partial(_generate, prompts=warmup, params=SamplingParams(temperature=0, max_tokens=2))
+    for b in args.batch_sizes:
+        warm(plain, batch=b)
     torch.set_num_threads(max(args.threads))
     for method, folder in drafters:
         print(f"\n== {method}: {folder}")
@@ -152,32 +207,46 @@ def trained(args) -> int:
         print(f"speed at k = {k} ({'given' if args.k else 'the folder default'}):")
         print(f"{'threads':>7s} {'B':>3s} {'plain tok/s':>11s} {'spec tok/s':>10s} {'speedup':>8s} {'cpu':>6s} "
               f"{'acc len':>8s} {'draft step':>10s} {'/ decode':>8s} {'drafted':>8s} {'identical':>9s}")
-        policies = {"": True, "every draft": False} if args.every_draft else {"": True}
+        policies = {"": {}}  # row name -> speculative_config options beside the drafter's
+        if args.every_draft:
+            policies["every draft"] = {"adaptive_draft_length": False}
+        if args.suffix:
+            policies["+ suffix"] = {"enable_suffix_decoding": True}
+            if args.every_draft:
+                policies["+ suffix, every draft"] = {"enable_suffix_decoding": True, "adaptive_draft_length": False}
         for threads in args.threads:
             torch.set_num_threads(threads)
-            specs = {name: LLM(args.model, **common, speculative_config={
-                "method": method, "model": folder, "num_speculative_tokens": k, "adaptive_draft_length": adaptive})
-                for name, adaptive in policies.items()}
-            timings: list[tuple[float, bool]] = []
-            for spec in specs.values():
-                _timed(spec, timings)
-            for b, (name, spec) in itertools.product(args.batch_sizes, specs.items()):
-                base_tps, base_cpu, base = _generate(plain, prompts, params, b)  # plain again beside each: a busy host drifts
-                timings.clear()
-                before = spec.stats()
-                tps, cpu, outs = _generate(spec, prompts, params, b)
-                after = spec.stats()
-                steps = after["num_steps"] - before["num_steps"]
-                accepted = after["num_accepted"] - before["num_accepted"]
-                decode = statistics.median(o.metrics.time_per_output_token for o in base)
-                drafting = [t for t, drafted in timings if drafted]
-                draft = statistics.median(drafting) / k if drafting else None
-                cost = f"{draft * 1e3:7.2f} ms {draft / decode:7.2f}x" if draft else f"{'-':>10s} {'-':>8s}"
-                share = len(drafting) / max(1, len(timings))
-                same = sum(a.outputs[0].token_ids == c.outputs[0].token_ids for a, c in zip(base, outs))
-                length = f"{(accepted + steps) / steps:8.2f}" if steps else f"{'-':>8s}"  # no step verified drafts
-                print(f"{threads:7d} {b:3d} {base_tps:11.1f} {tps:10.1f} {tps / base_tps:7.2f}x {cpu / base_cpu:5.2f}x "
-                      f"{length} {cost} {share:7.0%} {same:4d}/{len(outs)} {name}")
+            timings: dict[str, list[tuple[float, bool]]] = {name: [] for name in policies}
+            specs = {}
+            for b in args.batch_sizes:
+                for name, options in policies.items():
+                    # suffix decoding's global tree keeps every output: a fresh engine for each batch size, so that
+                    # no run drafts from an earlier run's answers to the same prompts
+                    if name not in specs or "enable_suffix_decoding" in options:
+                        specs[name] = LLM(args.model, **common, speculative_config={
+                            "method": method, "model": folder, "num_speculative_tokens": k, **options})
+                        for size in args.batch_sizes:
+                            warm(specs[name], batch=size)
+                        _timed(specs[name], timings[name])
+                runs = {None: _Run(plain)} | {name: _Run(spec, timings=timings[name]) for name, spec in specs.items()}
+                for i in range(0, len(prompts), b):  # the engines take turns call by call: a drifting host hits all alike
+                    for run in runs.values():
+                        run.call(prompts[i:i + b], params)
+                base = runs.pop(None)
+                decode = statistics.median(o.metrics.time_per_output_token for o in base.outs)
+                for name, run in runs.items():
+                    steps, accepted = run.stat("num_steps"), run.stat("num_accepted")
+                    drafting = [t for t, drafted in run.steps if drafted]
+                    draft = statistics.median(drafting) / k if drafting else None
+                    cost = f"{draft * 1e3:7.2f} ms {draft / decode:7.2f}x" if draft else f"{'-':>10s} {'-':>8s}"
+                    share = len(drafting) / max(1, len(run.steps))
+                    same = sum(a.outputs[0].token_ids == c.outputs[0].token_ids for a, c in zip(base.outs, run.outs))
+                    rows = run.rows_taken()
+                    taken = f" ({rows[0]} rows took suffix drafts, {rows[1]} the drafter's)" if any(rows) else ""
+                    length = f"{(accepted + steps) / steps:8.2f}" if steps else f"{'-':>8s}"  # no step verified drafts
+                    print(f"{threads:7d} {b:3d} {base.tok_s:11.1f} {run.tok_s:10.1f} {run.tok_s / base.tok_s:7.2f}x "
+                          f"{run.cpu_tok_s / base.cpu_tok_s:5.2f}x {length} {cost} {share:7.0%} "
+                          f"{same:4d}/{len(run.outs)} {name}{taken}", flush=True)
     return 0
 
 
@@ -194,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=int, default=None, help="draft length for the speed runs (default: the folder's)")
     p.add_argument("--every-draft", action="store_true",
                    help="also time the drafter with every draft verified (adaptive_draft_length off) beside the default")
+    p.add_argument("--suffix", action="store_true",
+                   help="also time the drafter with suffix decoding in front of it (enable_suffix_decoding)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--export", default=None,
                    help="--random: also keep the drafters and write prompts.json here (for peer_vllm.py --spec-model)")

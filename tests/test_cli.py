@@ -45,6 +45,19 @@ def test_generate_with_suffix_decoding_keeps_its_cache_file(tiny_models, tmp_pat
     assert "suffix_decoding_min_token_prob: 2.0 must be a number in [0, 1]" in capsys.readouterr().err
 
 
+def test_generate_with_suffix_decoding_in_front_of_a_drafter(drafters, tmp_path, capsys):
+    from eyas.spec.suffix import load_outputs
+
+    cache = tmp_path / "suffix.cache"
+    args = ["generate", "hello there", "--model", str(drafters.target), "--max-tokens", "6", "--kv-cache-gb", "0.01",
+            "--max-model-len", "128", "--spec-method", "eagle3", "--spec-model", drafters.folders["eagle3"],
+            "--spec-tokens", "2", "--spec-suffix", "--suffix-cache", str(cache)]
+    assert main(args) == 0 and [len(o) for o in load_outputs(str(cache), 320)] == [6]  # the suffix part ran and saved
+    assert main(["generate", "hi", "--model", str(drafters.target), "--kv-cache-gb", "0.01", "--max-model-len", "128",
+                 "--spec-method", "ngram", "--spec-suffix"]) == 2
+    assert "enable_suffix_decoding: not used by method 'ngram'" in capsys.readouterr().err
+
+
 def test_generate_batch_and_bench(tiny_models, tmp_path, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("one\ntwo\nthree\n")

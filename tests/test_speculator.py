@@ -110,10 +110,11 @@ def test_speculators_folder_gives_the_default_k(drafters):
     assert llm.engine.config.speculative.num_speculative_tokens == K
 
 
-def _record_drafts(llm) -> dict:
-    """Wrap the proposer: ``records`` gets (tokens, drafts) of every row it drafts, ``caught_up`` those of rows
-    that skipped steps before (``eyas.spec.catch_up``), ``skipped`` counts the rows it left out."""
-    proposer = llm.engine.runner.proposer
+def _record_drafts(llm, proposer=None) -> dict:
+    """Wrap the proposer (``proposer``: the one inside the engine's): ``records`` gets (tokens, drafts) of every row
+    it drafts, ``caught_up`` those of rows that skipped steps before (``eyas.spec.catch_up``), ``skipped`` counts
+    the rows it left out."""
+    proposer = proposer or llm.engine.runner.proposer
     seen = {"records": [], "caught_up": [], "skipped": 0}
     original = proposer.propose
 
@@ -147,7 +148,7 @@ def _assert_reference_drafts(drafters, case, records) -> None:
         with torch.no_grad():
             states = hf(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states
         hidden = torch.cat([states[i][0] for i in (0, 1, 2)], -1) if method == "eagle3" else states[-1][0]
-        want, _ = ref.greedy_chain(reference, tokens, hidden, K)
+        want, _ = ref.greedy_chain(reference, tokens, hidden, len(drafts))
         assert drafts == want
 
 
@@ -163,6 +164,20 @@ def test_engine_drafts_equal_one_request_reference(drafters, case):
     llm.generate(_prompts(3, seed=3), SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
     assert len(seen["records"]) >= 3 * 5 and seen["caught_up"]
     _assert_reference_drafts(drafters, case, seen["records"])
+
+
+def test_drafts_after_suffix_decoding_took_over_equal_the_reference(drafters):
+    """With ``enable_suffix_decoding`` a request whose suffix draft is taken skips the drafter (and verifies
+    suffix drafts); when it takes the drafter's again, those drafts equal the dense reference chain: the drafter
+    caught up over the tokens verified meanwhile."""
+    llm = _llm(drafters, "eagle3", spec_over={"enable_suffix_decoding": True, "draft_row_cost": 0.0,
+                                              "num_speculative_tokens": 1})  # suffix drafts scoring 1 are taken
+    hybrid = llm.engine.runner.proposer
+    seen = _record_drafts(llm, hybrid.drafter)
+    prompts = [p * 3 for p in _prompts(3, seed=3)]  # repeats for suffix decoding to find
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
+    assert hybrid.suffix_rows > 0 and len(seen["caught_up"]) >= 3, (hybrid.suffix_rows, len(seen["caught_up"]))
+    _assert_reference_drafts(drafters, "eagle3", seen["records"])
 
 
 def _skip_every_third_step(llm) -> None:

@@ -58,7 +58,7 @@ class Scheduler:
         self.speculative = speculative
         self.draft_row_cost = draft_row_cost  # a forward's cost by its rows, in one-row forwards
         self.draft_step_cost = draft_step_cost  # the drafter's work in a step that verifies drafts, likewise
-        self.num_lookahead_tokens = speculative.num_speculative_tokens if speculative else 0
+        self.num_lookahead_tokens = speculative.max_drafts if speculative else 0
         self.budgets: dict[str, DraftBudget] = {}  # request id -> adaptive draft length
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -201,7 +201,7 @@ class Scheduler:
         forced = self.forced.pop(request.request_id, [False] * len(drafts))
         room = self._room(request, 0)
         if self.speculative.adaptive_draft_length:
-            k = self.speculative.num_speculative_tokens
+            k = self.speculative.max_drafts
             limit = self.budgets.setdefault(request.request_id, DraftBudget.start(k)).limit
             room = min(room, max(limit, _leading(forced)))
         room = max(0, room)

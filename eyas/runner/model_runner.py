@@ -37,7 +37,7 @@ from eyas.sampling.penalties import penalize
 from eyas.sampling.rejection import VerifyResult, greedy_verify, rejection_sample, shared_noise_verify
 from eyas.sampling.row_ops import argmax
 from eyas.sampling.sampler import Sampler, SamplingBatch, raw_logprobs
-from eyas.spec.proposer import ProposerInput, ProposerOutput, proposer_class
+from eyas.spec.proposer import ProposerInput, ProposerOutput, make_proposer
 
 
 @dataclass
@@ -70,7 +70,7 @@ class ModelRunner:
         self.backend = get_backend(attention_backend or default_backend(config.device))
         self.sampler = Sampler()
         self.block_size = config.cache.block_size
-        self.proposer = proposer_class(spec.method)(spec, config, self.model) if spec else None
+        self.proposer = make_proposer(spec, config, self.model) if spec else None
         if self.proposer is not None:
             self.model.set_aux_layer_ids(self.proposer.aux_layer_ids)
         self.verification = spec.verification if spec else "shared_noise"
@@ -107,7 +107,7 @@ class ModelRunner:
         inputs = self._prepare(plan)
         q_lens = inputs.query_start_loc[1:] - inputs.query_start_loc[:-1]
         max_q = int(q_lens.max())
-        k = self.config.speculative.num_speculative_tokens if self.config.speculative else 0
+        k = self.config.speculative.max_drafts if self.config.speculative else 0
         shape = self.graphs.uniform_shape(len(q_lens), max_q, k) if self.graphs is not None else None
         if shape is not None:
             return self._forward_uniform(inputs, *shape), inputs
@@ -229,7 +229,7 @@ class ModelRunner:
             token_ids=[e.request.token_ids for e in entries],
             emitted=result.output_tokens,
             num_emitted=result.num_accepted + 1,
-            num_speculative_tokens=self.config.speculative.num_speculative_tokens,
+            num_speculative_tokens=self.config.speculative.max_drafts,
             input_ids=inputs.input_ids,
             positions=inputs.positions,
             query_start_loc=inputs.query_start_loc,

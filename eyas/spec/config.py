@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import cached_property
 
 from eyas.spec.adaptive import FREE_ROWS, RowCost
 
@@ -11,7 +12,9 @@ MAX_SPECULATIVE_TOKENS = 16
 METHOD_FIELDS = frozenset({"prompt_lookup_min", "prompt_lookup_max", "model", "draft_num_layers", "aux_layer_ids",
                            "output_dir", "include_output_tokens", "suffix_decoding_max_tree_depth",
                            "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
-                           "suffix_decoding_min_token_prob", "suffix_decoding_cache_file"})
+                           "suffix_decoding_min_token_prob", "suffix_decoding_cache_file",
+                           "enable_suffix_decoding"})
+SUFFIX_FIELDS = frozenset(name for name in METHOD_FIELDS if name.startswith("suffix_decoding_"))
 VERIFICATION_MODES = ("rejection", "shared_noise")
 # A CPU forward of n rows, in one-row forwards, by the target's weight format: (rows, cost) points measured by
 # benchmarks/bench_row_cost.py (one request, n new rows on a cached 192-token prefix, SmolLM2-135M, AMD Zen 4,
@@ -73,6 +76,27 @@ class SpeculativeConfig:
     suffix_decoding_max_spec_factor: float = 1.0  # at most factor x match length drafted
     suffix_decoding_min_token_prob: float = 0.1  # stop drafting where the continuation's probability falls below
     suffix_decoding_cache_file: str | None = None  # global tree saved here at shutdown, loaded at start
+    # a model drafter's method with suffix decoding in front of it (eyas.spec.suffix_hybrid, ArcticInference's
+    # option): a request whose suffix draft scores at least k takes it, the others the drafter's
+    enable_suffix_decoding: bool = False
+
+    @cached_property
+    def suffix_config(self) -> "SpeculativeConfig | None":
+        """The suffix-decoding part of a config with ``enable_suffix_decoding`` (None without): method "suffix",
+        this config's suffix options and policy, and k = the longest draft those options allow."""
+        if not self.enable_suffix_decoding:
+            return None
+        options = {name: getattr(self, name) for name in SUFFIX_FIELDS}
+        return SpeculativeConfig.from_dict({"method": "suffix", "verification": self.verification,
+                                            "adaptive_draft_length": self.adaptive_draft_length,
+                                            "draft_row_cost": self.draft_row_cost, **options})
+
+    @cached_property
+    def max_drafts(self) -> int:
+        """The most drafts a request may verify in a step (every request's lookahead slots): k, or with
+        ``enable_suffix_decoding`` the longer of k and suffix decoding's longest draft (12 by default)."""
+        suffix = self.suffix_config
+        return max(self.num_speculative_tokens, suffix.num_speculative_tokens if suffix else 0)
 
     def row_cost(self, device_type: str, quantization: str | None) -> RowCost:
         """``draft_row_cost``'s line, else the cost for the device and the target's weight format
@@ -113,6 +137,14 @@ class SpeculativeConfig:
             if getattr(self, name) != _DEFAULTS[name]:
                 raise ValueError(f"speculative_config.{name}: not used by method '{self.method}' "
                                  f"(it reads {', '.join(sorted(proposer.config_fields)) or 'none of the method options'})")
+        if "enable_suffix_decoding" in proposer.config_fields and not self.enable_suffix_decoding:
+            for name in SUFFIX_FIELDS:
+                if getattr(self, name) != _DEFAULTS[name]:
+                    raise ValueError(f"speculative_config.{name}: method '{self.method}' reads it only with "
+                                     f"enable_suffix_decoding: true")
+        if not isinstance(self.enable_suffix_decoding, bool):
+            raise ValueError(f"speculative_config.enable_suffix_decoding: {self.enable_suffix_decoding!r} must be "
+                             f"true or false")
         if self.aux_layer_ids is not None:
             ids = self.aux_layer_ids
             if isinstance(ids, str) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
@@ -141,6 +173,8 @@ class SpeculativeConfig:
         if self.draft_num_layers is not None and self.draft_num_layers < 1:
             raise ValueError(f"speculative_config.draft_num_layers: {self.draft_num_layers} must be >= 1")
         proposer.validate_config(self)
+        if self.enable_suffix_decoding:
+            self.suffix_config  # noqa: B018 (validates the suffix options now)
 
 
 _DEFAULTS = {f.name: f.default for f in fields(SpeculativeConfig)}

@@ -159,6 +159,18 @@ def proposer_methods() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def make_proposer(spec, engine_config, target) -> Proposer:
+    """The proposer of a SpeculativeConfig: its method's, behind suffix decoding with ``enable_suffix_decoding``
+    (``eyas.spec.suffix_hybrid``)."""
+    proposer = proposer_class(spec.method)(spec, engine_config, target)
+    if not spec.enable_suffix_decoding:
+        return proposer
+    from eyas.spec.suffix import SuffixProposer
+    from eyas.spec.suffix_hybrid import SuffixHybrid
+
+    return SuffixHybrid(proposer, SuffixProposer(spec.suffix_config, engine_config, target), spec.num_speculative_tokens)
+
+
 def proposer_class(method: str) -> type[Proposer]:
     if method not in _REGISTRY:
         raise ValueError(f"speculative_config.method: '{method}' is not one of {', '.join(proposer_methods())}")

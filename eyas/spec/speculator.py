@@ -63,12 +63,13 @@ from eyas.model.drafters.checkpoint import load_drafter
 from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.runner.cuda_graphs import UniformLayout, engine_graphs, pad_table, table_width
 from eyas.spec.catch_up import CatchUp, DraftBatch
+from eyas.spec.config import SUFFIX_FIELDS
 from eyas.spec.draft_sampling import DraftSampler
 from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
 
 
 class HiddenStateSpeculator(Proposer):
-    config_fields = frozenset({"model"})
+    config_fields = frozenset({"model", "enable_suffix_decoding"}) | SUFFIX_FIELDS
     method: ClassVar[str]
     # where the drafter comes from without speculative_config.model: "none" (required), "target" (MTP layers
     # inside the target's own folder), "shipped" (the drafter eyas ships for the target, eyas.drafters)

@@ -196,7 +196,13 @@ class SuffixProposer(Proposer):
             self._save = weakref.finalize(self, self.cache.save, path, vocab_size)  # runs once: close() or exit
 
     def propose(self, inp: ProposerInput) -> ProposerOutput:
+        return self.propose_scored(inp)[0]
+
+    def propose_scored(self, inp: ProposerInput) -> tuple[ProposerOutput, list[float]]:
+        """``propose``, and each row's draft score [R] (the sum of its tokens' estimated probabilities; 0: no
+        draft), which ``eyas.spec.suffix_hybrid`` weighs against a model drafter."""
         R, k = len(inp.request_ids), self.k
+        scores = [0.0] * R
         emitted = inp.emitted.tolist()  # [R][k'+1]
         num_emitted = inp.num_emitted.tolist()  # [R]
         drafts = np.zeros((R, k), dtype=np.int64)  # [R, k], padded with 0
@@ -217,11 +223,12 @@ class SuffixProposer(Proposer):
             if draft is not None:
                 drafts[r, :len(draft.tokens)] = draft.tokens
                 num_drafts[r] = len(draft.tokens)
+                scores[r] = draft.score
         return ProposerOutput(
             draft_token_ids=torch.from_numpy(drafts).to(self.device),
             num_drafts=torch.from_numpy(num_drafts).to(self.device),
             draft_probs=None,
-        )
+        ), scores
 
     def _draft(self, writer: SequenceWriter) -> Draft | None:
         own = best_draft(writer.matches(), self.depth, self.k, self.factor, self.min_prob)
