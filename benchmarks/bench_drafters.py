@@ -155,17 +155,10 @@ class _Run:
         return [n - m for n, m in zip(_rows_taken(self.llm), self.rows_before)]
 
 
-def _generate(llm, prompts, params, batch: int) -> tuple[float, float, list]:
-    """tok/s of the prompts at this batch size (batch 1: one request at a time) in wall time and in process CPU
-    time, and the outputs."""
-    outs, seconds, cpu = [], 0.0, 0.0
+def _generate(llm, prompts, params, batch: int) -> None:
+    """Run the prompts at this batch size (batch 1: one request at a time), untimed (``_Run`` times)."""
     for i in range(0, len(prompts), batch):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        outs += llm.generate(prompts[i:i + batch], params, use_tqdm=False)
-        seconds += time.perf_counter() - start
-        cpu += time.process_time() - start_cpu
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return tokens / seconds, tokens / cpu, outs
+        llm.generate(prompts[i:i + batch], params, use_tqdm=False)
 
 
 def _acceptance(args, common: dict, prompts, params, method: str, folder: str) -> None:

@@ -14,11 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from engine_helpers import run_counting_preemptions
+from engine_helpers import host_input, run_counting_preemptions
 
 from eyas import LLM, SamplingParams
 from eyas.spec.config import SpeculativeConfig
-from eyas.spec.proposer import ProposerInput
 from eyas.spec.suffix import SuffixProposer, load_outputs, longest_draft, save_outputs
 from eyas.spec.suffix_tree import SuffixTree
 
@@ -103,17 +102,7 @@ def _step(proposer, rows: dict[str, tuple[list[int], list[int]]], speculate=True
     """One propose call: request id -> (committed tokens, tokens emitted this step); returns the drafts.
     ``expected``: the drafts the scheduler expects to verify per row (default k)."""
     ids = list(rows)
-    width = max(len(e) for _, e in rows.values())
-    out = proposer.propose(ProposerInput(
-        request_ids=ids, token_ids=[rows[i][0] for i in ids],
-        emitted=torch.tensor([rows[i][1] + [-1] * (width - len(rows[i][1])) for i in ids]),
-        num_emitted=torch.tensor([len(rows[i][1]) for i in ids]), num_speculative_tokens=proposer.k,
-        input_ids=torch.zeros(0), positions=torch.zeros(0), query_start_loc=torch.zeros(1), seq_lens=torch.zeros(0),
-        sample_rows=list(range(len(ids))), hidden_states=None, aux_hidden_states=None, block_tables=[],
-        next_token_ids=[], num_drafts=[0] * len(ids),
-        expected_drafts=[proposer.k if expected is None else expected] * len(ids),
-        seeds=torch.zeros(len(ids), dtype=torch.int64),
-        sampling_params=[SamplingParams(speculate=speculate)] * len(ids)))
+    out = proposer.propose(host_input(rows, proposer.k, expected, SamplingParams(speculate=speculate)))
     counts = out.num_drafts.tolist()
     return {i: out.draft_token_ids[r, :counts[r]].tolist() for r, i in enumerate(ids)}
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import K
-from engine_helpers import run_counting_preemptions
+from engine_helpers import host_input, run_counting_preemptions
 
 from eyas import LLM, SamplingParams
 from eyas.spec.config import SpeculativeConfig
@@ -67,14 +67,7 @@ def _hybrid(k: int, vocab: int | None = None) -> SuffixHybrid:
 
 def _input(rows: dict[str, list[int]], width: int) -> ProposerInput:
     """Each request's committed tokens, with its last token as this step's emitted one."""
-    ids = list(rows)
-    return ProposerInput(
-        request_ids=ids, token_ids=[rows[i][:-1] for i in ids], emitted=torch.tensor([[rows[i][-1]] for i in ids]),
-        num_emitted=torch.ones(len(ids), dtype=torch.int64), num_speculative_tokens=width, input_ids=torch.zeros(0),
-        positions=torch.zeros(0), query_start_loc=torch.zeros(1), seq_lens=torch.zeros(0),
-        sample_rows=list(range(len(ids))), hidden_states=None, aux_hidden_states=None, block_tables=[],
-        next_token_ids=[], num_drafts=[0] * len(ids), expected_drafts=[width] * len(ids),
-        seeds=torch.zeros(len(ids), dtype=torch.int64), sampling_params=[SamplingParams()] * len(ids))
+    return host_input({i: (tokens[:-1], tokens[-1:]) for i, tokens in rows.items()}, width)
 
 
 # "a": 1..6 seen twice, then 1 2 3: suffix decoding continues 4 5 6 with probability 1 each (score 3)

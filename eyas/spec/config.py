@@ -83,13 +83,10 @@ class SpeculativeConfig:
     @cached_property
     def suffix_config(self) -> "SpeculativeConfig | None":
         """The suffix-decoding part of a config with ``enable_suffix_decoding`` (None without): method "suffix",
-        this config's suffix options and policy, and k = the longest draft those options allow."""
+        this config's suffix options, and k = the longest draft those options allow."""
         if not self.enable_suffix_decoding:
             return None
-        options = {name: getattr(self, name) for name in SUFFIX_FIELDS}
-        return SpeculativeConfig.from_dict({"method": "suffix", "verification": self.verification,
-                                            "adaptive_draft_length": self.adaptive_draft_length,
-                                            "draft_row_cost": self.draft_row_cost, **options})
+        return SpeculativeConfig.from_dict({"method": "suffix", **{name: getattr(self, name) for name in SUFFIX_FIELDS}})
 
     @cached_property
     def max_drafts(self) -> int:
