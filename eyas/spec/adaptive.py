@@ -56,8 +56,8 @@ while 8 requests with acceptance 0.5 verify one draft each (the first is worth 0
 second, worth 0.25, falls short of 0.33). With c = 0.07 and s = 0.35 (k = 1) one request at acceptance
 0.5 drafts (1.5 tokens for 1.49 beat 1 for 1.07), at 0.36 it does not (1.36 / 1.49 < 1 / 1.07); 14
 requests at 0.5 would take a draft each, but 21 tokens for 3.31 fall short of 14 for 1.98, so none
-drafts. On the GGUF curve with the hidden-state drafters' s = 0.2, one request drafts one token from an
-acceptance of 0.32 (1.32 tokens for 1.12 + 0.2), where the line fitted to the same curve (c = 0.25)
+drafts. On the GGUF curve with the hidden-state drafters' s = 0.15, one request drafts one token from an
+acceptance of 0.27 (1.27 tokens for 1.12 + 0.15), where the line fitted to the same curve (c = 0.25)
 wanted 0.48 with s = 0.35. Leading drafts forced
 by the request's grammar (``eyas.sampling.grammar``) are certain, worth 1 each, and need no drafter
 (no s); the drafts after them are worth a, a^2, ...

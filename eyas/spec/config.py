@@ -61,7 +61,7 @@ class SpeculativeConfig:
     # what drafting costs in a step in which some request drafts, as a fraction of a one-row forward, for a
     # proposer that leaves out the requests the scheduler expects to verify no drafts of (spec/adaptive.py):
     # drafts are verified only where they pay for it too. None = the proposer's figure for the device
-    # (``Proposer.step_cost``: 0.2 for hidden-state drafters on a CPU; 0 on CUDA and for n-gram and suffix)
+    # (``Proposer.step_cost``: 0.15 for hidden-state drafters on a CPU; 0 on CUDA and for n-gram and suffix)
     draft_step_cost: float | None = None
     prompt_lookup_min: int = 2  # n-gram
     prompt_lookup_max: int = 4
