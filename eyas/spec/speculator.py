@@ -132,7 +132,9 @@ class HiddenStateSpeculator(Proposer):
         took 2.6-3.4 ms on 1 thread and 2.8 ms on 2, one that drafts for nobody 0.36 ms, and the catch-up added
         about 0.3 ms a skip, against a decode step of 19-24 ms and 14 ms: 0.10-0.14 and 0.16, so 0.15. (The full
         step was the 0.2 used before: 1.15x and 1.11x plain at batch 1, against 1.19x and 1.15x at 0.15 in the same
-        interleaved runs; batch 4 on 2 threads 0.95x and 0.96x.) On CUDA its graphs make it small: 0."""
+        interleaved runs; batch 4 on 2 threads 0.95x and 0.96x.) The figure is EAGLE-3's: an MTP step runs the
+        target's whole head and costs about 1.35x as much (random drafters, ``bench_drafters.py --random``), so
+        for MTP it is low by about a third. On CUDA its graphs make it small: 0."""
         return 0.15 if device_type == "cpu" else 0.0
 
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]:
