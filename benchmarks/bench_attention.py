@@ -18,9 +18,8 @@ import statistics
 import time
 
 import torch
-from bench_cpu import SHOWN_FLAGS
+from bench_common import cpu_line
 
-from eyas.kernels import cpu_flags, cpu_isa
 from eyas.model.attention import AttentionBatch, get_backend
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
@@ -49,9 +48,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=21)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    flags = cpu_flags()
-    print(f"CPU: {' '.join(f for f in SHOWN_FLAGS if f in flags)}; eyas kernels built for: {cpu_isa()}; "
-          f"{args.threads} thread(s)")
+    print(f"{cpu_line()}; {args.threads} thread(s)")
     backends = {name: get_backend(name) for name in ("cpu", "sdpa")}
     print(f"{'B':>3} {'keys':>5} {'K/V MB':>7} {'C kernel us':>11} {'GB/s':>5} {'sdpa us':>8} {'GB/s':>5} {'sdpa / C':>8}")
     gen = torch.Generator().manual_seed(0)

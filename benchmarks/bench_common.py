@@ -1,8 +1,14 @@
-"""Argument types shared by the benchmark scripts (imported as a sibling module)."""
+"""What the benchmark scripts share (imported as a sibling module): argument types, and the CPU line each
+prints (the CPU differs between machines; a figure means little without the flags it ran with)."""
 
 from __future__ import annotations
 
 import argparse
+
+from eyas.kernels import cpu_flags, cpu_isa
+
+SHOWN_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni",
+               "amx_bf16", "amx_int8")
 
 
 def batch_sizes(text: str) -> list[int]:
@@ -14,3 +20,9 @@ def batch_sizes(text: str) -> list[int]:
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: need at least one size, all >= 1")
     return sizes
+
+
+def cpu_line() -> str:
+    """``CPU: <the flags of SHOWN_FLAGS this CPU has>; eyas kernels built for: <isa>``."""
+    flags = cpu_flags()
+    return f"CPU: {' '.join(f for f in SHOWN_FLAGS if f in flags)}; eyas kernels built for: {cpu_isa()}"

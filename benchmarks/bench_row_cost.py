@@ -20,10 +20,9 @@ import random
 import statistics
 import time
 
-from bench_cpu import SHOWN_FLAGS
+from bench_common import cpu_line
 
 from eyas import LLM, SamplingParams
-from eyas.kernels import cpu_flags, cpu_isa
 from eyas.spec.config import CPU_ROW_COSTS
 
 ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
@@ -65,9 +64,7 @@ def fitted_slope(ratios: dict[int, float]) -> float:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    flags = cpu_flags()
-    print(f"CPU: {' '.join(f for f in SHOWN_FLAGS if f in flags)}; eyas kernels built for: {cpu_isa()}; "
-          f"{args.threads} thread(s)")
+    print(f"{cpu_line()}; {args.threads} thread(s)")
     print("mode  one-row step  " + "  ".join(f"{n:>4}" for n in ROWS) + "  fitted c")
     for mode in args.modes.split(","):
         times = step_times(mode, args.threads, args.repeats)

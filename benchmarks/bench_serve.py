@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -33,6 +32,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from bench_common import cpu_line  # noqa: E402
 from server_helpers import free_port  # noqa: E402
 
 from eyas.data.prompts import chat_prompts  # noqa: E402
@@ -40,15 +40,6 @@ from eyas.model.resolve import resolve_model  # noqa: E402
 from eyas.model.tokenizer import Tokenizer  # noqa: E402
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-
-
-def cpu_flags() -> str:
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return platform.processor()
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
-    return " ".join(f for f in wanted if f in flags)
 
 
 class Process:
@@ -165,7 +156,7 @@ def main() -> None:
                for c in chat_prompts(args.num_prompts)]
     logs = Path(args.logs)
     logs.mkdir(exist_ok=True)
-    print(f"CPU flags: {cpu_flags()}; {args.threads} core(s) per server; {len(prompts)} prompts, "
+    print(f"{cpu_line()}; {args.threads} core(s) per server; {len(prompts)} prompts, "
           f"{args.max_tokens} new tokens each, greedy; Poisson arrivals")
     venv = Path(args.vllm_venv)
     servers = ["eyas"] + ([] if args.skip_vllm or not (venv / "bin" / "python").exists() else ["vllm"])

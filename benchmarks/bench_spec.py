@@ -52,7 +52,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from bench_common import batch_sizes
+from bench_common import batch_sizes, cpu_line
 
 # run as a script, benchmarks/ is on sys.path
 from bench_engine import DTYPES, cpu_bf16_note
@@ -275,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     dtype = DTYPES[args.dtype]
     print("command:", shlex.join([sys.executable, *sys.argv]))
+    print(cpu_line())
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, dtype {args.dtype}; {cpu_bf16_note()}")
 
     model_path = resolve_model(args.model)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_drafters import _cpu_flags  # noqa: E402
+from bench_common import cpu_line  # noqa: E402
 from bench_spec import fastest, parse_args, render, time_eyas, time_fresh, workloads  # noqa: E402
 
 from eyas import LLM, SamplingParams  # noqa: E402
@@ -40,7 +40,7 @@ ENGINES = {  # name -> speculative_config, all verifying with shared noise
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print("command:", shlex.join(["python", *sys.argv]))
-    print("CPU:", _cpu_flags(), f"threads {args.threads}")
+    print(f"{cpu_line()}; {args.threads} thread(s)")
     torch.set_num_threads(args.threads)
     common = {"dtype": args.dtype, "num_threads": args.threads, "enable_prefix_caching": False, "max_num_seqs": 64}
     plain = LLM(args.model, **common)
