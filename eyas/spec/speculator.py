@@ -125,16 +125,11 @@ class HiddenStateSpeculator(Proposer):
         return path
 
     def step_cost(self, device_type: str) -> float:
-        """What leaving every request out of a step saves, on a CPU, in one-row forwards of the target: a drafter
-        step reads all the drafter's weights whatever the rows, but a left-out request's prefill rows are caught
-        up later (``eyas.spec.catch_up``), and a step that drafts for nobody still builds its inputs. The shipped
-        EAGLE-3 drafter (int8 rows, SmolLM2-135M Q4_1, Sapphire Rapids, batch 1, 2026-11-27): a step that drafts
-        took 2.6-3.4 ms on 1 thread and 2.8 ms on 2, one that drafts for nobody 0.36 ms, and the catch-up added
-        about 0.3 ms a skip, against a decode step of 19-24 ms and 14 ms: 0.10-0.14 and 0.16, so 0.15. (The full
-        step was the 0.2 used before: 1.15x and 1.11x plain at batch 1, against 1.19x and 1.15x at 0.15 in the same
-        interleaved runs; batch 4 on 2 threads 0.95x and 0.96x.) The figure is EAGLE-3's: an MTP step runs the
-        target's whole head and costs about 1.35x as much (random drafters, ``bench_drafters.py --random``), so
-        for MTP it is low by about a third. On CUDA its graphs make it small: 0."""
+        """What leaving every request out of a step saves, on a CPU, in one-row forwards of the target: not the
+        whole draft step, since a left-out request's rows are caught up later (``eyas.spec.catch_up``) and a step
+        that drafts for nobody still builds its inputs. Timed for the shipped EAGLE-3 drafter at batch 1: 0.10-0.14
+        on 1 thread, 0.16 on 2 (benchmarks/README.md, ``bench_drafters.py``). An MTP step runs the target's whole
+        head and costs about 1.35x as much, so for MTP the figure is low. On CUDA its graphs make it small: 0."""
         return 0.15 if device_type == "cpu" else 0.0
 
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]:
