@@ -283,7 +283,8 @@ def cmd_regenerate(args) -> int:
 
     counts = run_regenerate(args.data, args.out, model=args.model, max_samples=args.max_samples,
                             max_turns=args.max_turns, max_tokens=args.max_tokens, max_len=args.max_len,
-                            chunk_size=args.chunk_size, **_engine_kwargs(args))
+                            chunk_size=args.chunk_size, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed, **_engine_kwargs(args))
     print(f"{counts['written']} conversations ({counts['skipped']} skipped), {counts['replies']} replies "
           f"({counts['truncated']} cut at --max-tokens) in {args.out}")
     return 0
@@ -342,8 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     ext.add_argument("--chunk-size", type=int, default=128, help="conversations per journaled chunk")
     _engine_args(ext, speculative=False)
     ext.set_defaults(func=cmd_extract)
-    reg = sub.add_parser("regenerate", help="replace the replies of chat data by the target's own, greedy, into a "
-                                            ".jsonl for `eyas extract` or `eyas train --online` (resumable)")
+    reg = sub.add_parser("regenerate", help="replace the replies of chat data by the target's own (greedy or sampled) "
+                                            "into a .jsonl for `eyas extract` or `eyas train --online` (resumable)")
     reg.add_argument("--data", required=True,
                      help="ShareGPT .json, .jsonl of conversations, or 'sharegpt' for the shipped ShareGPT file")
     reg.add_argument("--out", required=True, help="the .jsonl file to write (and to resume)")
@@ -354,6 +355,14 @@ def build_parser() -> argparse.ArgumentParser:
     reg.add_argument("--max-len", type=int, default=None,
                      help="longest conversation in tokens; later turns are dropped (default: 2048 or the model's limit)")
     reg.add_argument("--chunk-size", type=int, default=256, help="conversations per journaled chunk")
+    reg.add_argument("--temperature", type=float, default=0.0,
+                     help="0 = greedy replies (the default); above 0 the replies are sampled (SpecForge's "
+                          "regeneration example uses 0.8), which covers more of the target's distribution")
+    reg.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus sampling")
+    reg.add_argument("--top-k", type=int, default=0, help="with --temperature: the k most likely tokens (0 = all)")
+    reg.add_argument("--seed", type=int, default=0,
+                     help="with --temperature: each reply is drawn with its own seed made from this one, the "
+                          "conversation's index and the turn, so a resumed job writes what an uninterrupted one would")
     _engine_args(reg, speculative=False)
     reg.set_defaults(func=cmd_regenerate)
     from eyas.train.command import add_train_parser

@@ -2,6 +2,7 @@
 history; a resumable journal that ``eyas train --online`` and ``eyas extract`` read as chat data."""
 
 import json
+import math
 import random
 
 import pytest
@@ -122,3 +123,52 @@ def test_detokenize_false_gives_the_same_tokens_and_no_text(tiny_models):
     assert all(o.outputs[0].text == "" for o in b) and any(o.outputs[0].text for o in a)
     with pytest.raises(ValueError, match="stop.*detokenize=False"):
         SamplingParams(stop=["x"], detokenize=False)
+
+
+def test_sampled_replies_follow_the_targets_distribution_one_seed_per_reply(tiny_models, tmp_path):
+    """120 copies of one question, one sampled token each: the replies are independent draws from the target's
+    next-token distribution (a shared seed would give 120 equal replies), checked against its probabilities."""
+    from eyas import LLM, SamplingParams
+
+    question = [{"role": "user", "content": "the falcon sees"}]
+    n = 120
+    data = tmp_path / "same.jsonl"
+    _write(data, [question] * n)
+    out = tmp_path / "sampled.jsonl"
+    run_regenerate(str(data), out, model=str(tiny_models["llama"]), max_tokens=1, max_len=200, chunk_size=50,
+                   temperature=1.0, seed=7, progress=False, kv_cache_gb=0.02)
+    replies = [json.loads(line)["messages"][-1]["content"] for line in out.read_text().splitlines()]
+    llm = LLM(str(tiny_models["llama"]), max_model_len=200, kv_cache_gb=0.02)
+    top = llm.chat([question], SamplingParams(temperature=0, max_tokens=1, logprobs=5), use_tqdm=False)[0].outputs[0]
+    probs = {llm.get_tokenizer().decode([t]): math.exp(lp) for t, lp in top.logprobs[0].items()}
+    assert max(probs.values()) < 0.2 and len(set(replies)) > n // 4  # a flat distribution: many distinct draws
+    for text, p in probs.items():  # each of the top 5: its count within 4.5 standard deviations of n p
+        if not text.strip() or "\ufffd" in text:  # special tokens and partial UTF-8 bytes share their text
+            continue
+        count = sum(r == text for r in replies)
+        assert abs(count - n * p) <= 4.5 * math.sqrt(n * p * (1 - p)) + 1, (text, count, n * p)
+
+
+def test_sampled_regeneration_is_reproducible_and_resumes_to_the_same_file(tiny_models, tmp_path):
+    data = tmp_path / "chats.jsonl"
+    _write(data, _random_chats(7, seed=2))
+    kwargs = dict(model=str(tiny_models["llama"]), max_tokens=6, max_len=300, progress=False, kv_cache_gb=0.02,
+                  temperature=0.9, top_p=0.95, seed=3)
+    whole = tmp_path / "whole.jsonl"
+    run_regenerate(str(data), whole, chunk_size=7, **kwargs)
+    out = tmp_path / "out.jsonl"  # other chunks, then a kill while writing the fourth line
+    run_regenerate(str(data), out, max_samples=4, chunk_size=2, **kwargs)
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text("".join(lines[:3]) + lines[3][:17])
+    run_regenerate(str(data), out, chunk_size=3, **kwargs)
+    assert out.read_text() == whole.read_text()
+    greedy, other = tmp_path / "greedy.jsonl", tmp_path / "other.jsonl"
+    run_regenerate(str(data), greedy, **{**kwargs, "temperature": 0.0})
+    run_regenerate(str(data), other, **{**kwargs, "seed": 4})
+    assert len({whole.read_text(), greedy.read_text(), other.read_text()}) == 3
+    with pytest.raises(ValueError, match=r"other settings \(sampling differ\)"):
+        run_regenerate(str(data), out, **{**kwargs, "temperature": 0.5})
+    with pytest.raises(ValueError, match="temperature"):
+        run_regenerate(str(data), tmp_path / "bad.jsonl", **{**kwargs, "temperature": -1.0})
+    with pytest.raises(ValueError, match="seed"):
+        run_regenerate(str(data), tmp_path / "bad.jsonl", **{**kwargs, "seed": -1})

@@ -1,7 +1,12 @@
 """``eyas regenerate``: self-distillation data without hidden states. Every reply of a conversation is
-replaced by the target's own, greedy, and the conversations are written as a ``.jsonl`` file that
+replaced by the target's own, greedy or sampled, and the conversations are written as a ``.jsonl`` file that
 ``eyas extract --data`` (states from one prefill per conversation) and ``eyas train --online`` (states
 computed in the training loop, no dumps) read like any chat data.
+
+Sampled replies (``temperature`` > 0, with ``top_p`` / ``top_k``; SpecForge's regeneration example samples
+at 0.8) cover more of the target's distribution than its greedy path. Each reply has its own seed,
+``seed * 2**32 + conversation index * 1024 + round``, so the file does not depend on the chunking, and a
+resumed job writes what an uninterrupted one would.
 
 Per conversation (sample id = its index in the data, ``000042``): optionally keep its first ``max_turns``
 exchanges, drop assistant turns before the first user turn, then regenerate round by round across a chunk
@@ -32,18 +37,24 @@ from eyas.sampling.params import SamplingParams
 logger = logging.getLogger("eyas")
 
 
-def regenerate_replies(llm, chats: list[Conversation], max_len: int, max_tokens: int, *,
-                       last: bool = True) -> tuple[list[Conversation], list[list[bool]]]:
-    """The conversations with their replies replaced by the target's own (greedy, up to ``max_tokens``), and
-    per conversation whether each regenerated reply was cut at ``max_tokens``.
+ROUNDS = 1024  # replies a conversation can have a seed for: its seeds are seed + 0 .. seed + ROUNDS - 1
 
-    ``last=False``: the last reply is dropped instead of regenerated, so each conversation ends with the
-    turn that reply answers (``eyas extract`` generates that one itself, dumping its states). Round r
-    regenerates the r-th reply of every conversation that has one, in one batch, conditioned on the
-    regenerated history; a history of ``max_len - 1`` tokens or more ends the conversation before that turn.
+
+def regenerate_replies(llm, chats: list[Conversation], max_len: int, max_tokens: int, *, last: bool = True,
+                       sampling: dict | None = None, seeds: list[int] | None = None,
+                       ) -> tuple[list[Conversation], list[list[bool]]]:
+    """The conversations with their replies replaced by the target's own (up to ``max_tokens``), and per
+    conversation whether each regenerated reply was cut at ``max_tokens``.
+
+    Greedy, or with ``sampling`` (``SamplingParams`` fields: temperature, top_p, top_k) and ``seeds`` (one per
+    conversation; its reply of round r is drawn with seed ``seeds[i] + r``). ``last=False``: the last reply is
+    dropped instead of regenerated, so each conversation ends with the turn that reply answers (``eyas
+    extract`` generates that one itself, dumping its states). Round r regenerates the r-th reply of every
+    conversation that has one, in one batch, conditioned on the regenerated history; a history of
+    ``max_len - 1`` tokens or more ends the conversation before that turn.
     """
     tok = llm.get_tokenizer()
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, speculate=False, detokenize=False)
+    settings = dict(max_tokens=max_tokens, speculate=False, detokenize=False, **(sampling or {"temperature": 0}))
     history, cut = [], []
     for chat in chats:
         messages = list(chat.messages)
@@ -54,7 +65,7 @@ def regenerate_replies(llm, chats: list[Conversation], max_len: int, max_tokens:
         history.append(messages)
         cut.append([])
     for r in itertools.count():
-        batch, prompts = [], []
+        batch, prompts, params = [], [], []
         for i, messages in enumerate(history):
             replies = [j for j, m in enumerate(messages) if m["role"] == "assistant"]
             if r >= len(replies):
@@ -67,6 +78,7 @@ def regenerate_replies(llm, chats: list[Conversation], max_len: int, max_tokens:
                 continue
             batch.append((i, j))
             prompts.append(ids)
+            params.append(SamplingParams(**settings, seed=None if seeds is None else seeds[i] + r))
         if not batch:
             break
         for (i, j), out in zip(batch, llm.generate(prompts, params, use_tqdm=False)):
@@ -77,9 +89,11 @@ def regenerate_replies(llm, chats: list[Conversation], max_len: int, max_tokens:
 
 def run_regenerate(data: str, out: str | Path, *, model: str | None = None, max_samples: int | None = None,
                    max_turns: int | None = None, max_tokens: int = 512, max_len: int | None = None,
-                   chunk_size: int = 256, progress: bool = True, **llm_kwargs) -> dict:
+                   chunk_size: int = 256, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                   seed: int = 0, progress: bool = True, **llm_kwargs) -> dict:
     """Run (or resume) the job; returns counts. ``out`` is the ``.jsonl`` file (its settings are pinned in
-    ``<out>.job.json``); ``llm_kwargs`` go to ``LLM``."""
+    ``<out>.job.json``); greedy unless ``temperature`` > 0 (then ``top_p``, ``top_k`` and ``seed`` apply);
+    ``llm_kwargs`` go to ``LLM``."""
     from eyas.data.extract import DEFAULT_MAX_LEN
     from eyas.llm import LLM
 
@@ -94,6 +108,12 @@ def run_regenerate(data: str, out: str | Path, *, model: str | None = None, max_
         raise ValueError(f"max_tokens: {max_tokens} must be >= 1")
     if chunk_size < 1:
         raise ValueError(f"chunk_size: {chunk_size} must be >= 1")
+    sampling = None
+    if temperature != 0:
+        if not (isinstance(seed, int) and 0 <= seed < 2**31):
+            raise ValueError(f"seed: {seed!r} must be an integer in [0, 2**31)")
+        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
+        SamplingParams(max_tokens=max_tokens, **sampling)  # a bad value fails here, naming the field
     if max_len is None:
         max_len = min(DEFAULT_MAX_LEN, ModelConfig.from_folder(resolve_model(model)).max_position_embeddings)
     llm = LLM(model, max_model_len=max_len, **llm_kwargs)
@@ -101,7 +121,8 @@ def run_regenerate(data: str, out: str | Path, *, model: str | None = None, max_
     job = out.with_name(out.name + ".job.json")
     settings = {"format": "eyas-regenerated/1", "data": data, "model": llm.engine.config.model.path.name,
                 "max_turns": max_turns, "max_tokens": max_tokens, "max_len": max_len,
-                "dtype": str(llm.engine.config.dtype).removeprefix("torch.")}
+                "dtype": str(llm.engine.config.dtype).removeprefix("torch."),
+                "sampling": None if sampling is None else {**sampling, "seed": seed}}
     changed = changed_settings(job, settings)
     if changed:
         raise ValueError(f"out: {out} was written with other settings ({', '.join(changed)} differ); resume with "
@@ -122,7 +143,8 @@ def run_regenerate(data: str, out: str | Path, *, model: str | None = None, max_
     start = time.perf_counter()
     while chunk := list(itertools.islice(todo, chunk_size)):
         usable = [(sid, c) for sid, c in chunk if any(m["role"] == "user" for m in c.messages)]
-        chats, cut = regenerate_replies(llm, [c for _, c in usable], max_len, max_tokens)
+        seeds = None if sampling is None else [seed * 2**32 + int(sid) * ROUNDS for sid, _ in usable]
+        chats, cut = regenerate_replies(llm, [c for _, c in usable], max_len, max_tokens, sampling=sampling, seeds=seeds)
         regenerated = {sid: (chat, flags) for (sid, _), chat, flags in zip(usable, chats, cut)}
         entries = []
         for sid, conversation in chunk:
