@@ -65,6 +65,8 @@ def regenerate_replies(llm, chats: list[Conversation], max_len: int, max_tokens:
         history.append(messages)
         cut.append([])
     for r in itertools.count():
+        if seeds is not None and r == ROUNDS:
+            raise ValueError(f"regenerate: a conversation with more than {ROUNDS} replies has no seed for the next")
         batch, prompts, params = [], [], []
         for i, messages in enumerate(history):
             replies = [j for j, m in enumerate(messages) if m["role"] == "assistant"]
