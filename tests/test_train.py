@@ -256,6 +256,42 @@ def test_online_batches_equal_the_engine_dumps(tmp_path, tiny_models):
     assert dict(dumps.frequencies) == dict(online.frequencies)
 
 
+def test_online_reads_several_sources_as_one_dataset(tmp_path, tiny_models):
+    """--online --data A B: the conversations of A then B, as if one file held both; --max-samples applies to
+    each source; sources with nothing usable are refused by name."""
+    from eyas.config import ModelConfig
+    from eyas.model.loader import load_model
+    from eyas.model.tokenizer import Tokenizer
+    from eyas.train.online import OnlineData
+
+    model = tiny_models["llama"]
+    chats = [[{"role": "user", "content": f"question {i} " * (i + 2)}, {"role": "assistant", "content": f"answer {i} " * 3}]
+             for i in range(5)]
+
+    def write(path, items):
+        with open(path, "w") as f:
+            for i, messages in items:
+                f.write(json.dumps({"id": str(i), "messages": messages}) + "\n")
+        return str(path)
+
+    a = write(tmp_path / "a.jsonl", list(enumerate(chats))[:3])
+    b = write(tmp_path / "b.jsonl", list(enumerate(chats))[3:])
+    both = write(tmp_path / "both.jsonl", list(enumerate(chats)))
+    first_two = write(tmp_path / "first_two.jsonl", [(0, chats[0]), (1, chats[1]), (3, chats[3]), (4, chats[4])])
+    target = load_model(ModelConfig.from_folder(model), torch.float32, torch.device("cpu"), 256)
+    tok = Tokenizer.from_folder(model)
+
+    def read(data, max_samples=None):
+        return OnlineData(data, tok, target, (0, 1, 2), max_len=256, max_samples=max_samples)
+
+    two, one = read((a, b)), read(both)
+    assert two.rows == one.rows and len(two.rows) == 5 and dict(two.frequencies) == dict(one.frequencies)
+    assert read((a, b), max_samples=2).rows == read(first_two).rows
+    empty = write(tmp_path / "empty.jsonl", [])
+    with pytest.raises(ValueError, match="no usable conversation in '.*empty.jsonl', '.*empty.jsonl'"):
+        read((empty, empty))
+
+
 def test_several_dump_folders_are_one_dataset(tmp_path, tiny_models):
     """--data A B: the samples of both folders in order, their token frequencies summed; folders holding
     other layers are refused by name."""

@@ -25,14 +25,15 @@ def add_train_parser(sub) -> None:
     p.add_argument("method", choices=["eagle3", "mtp"], help="drafter to train")
     p.add_argument("--data", required=True, nargs="+",
                    help="dump folder(s) (`eyas extract` output, or plain vLLM/speculators dumps), trained on "
-                        "together (e.g. regenerated and original replies); with --online: one conversation "
-                        "source ('sharegpt', a ShareGPT .json or a .jsonl)")
+                        "together (e.g. regenerated and original replies); with --online: conversation sources "
+                        "('sharegpt', ShareGPT .json or .jsonl files), trained on together the same way")
     p.add_argument("--out", required=True, help="run folder; at the end it is the drafter folder (config.json, "
                                                 "model.safetensors, README.md model card, training.png, metrics.jsonl)")
     p.add_argument("--model", default=None, help="the target: HF folder or .gguf (default: built-in SmolLM2-135M-Instruct)")
     p.add_argument("--online", action="store_true",
                    help="no dumps: compute the target's states inside the training loop from conversations")
-    p.add_argument("--max-samples", type=int, default=None, help="--online: read the first N conversations")
+    p.add_argument("--max-samples", type=int, default=None,
+                   help="--online: read the first N conversations of each source")
     p.add_argument("--loss-masks", default=None,
                    help="plain dump folders: JSONL of {\"file\": ..., \"loss_mask\": [...]} (default: all ones)")
     p.add_argument("--layers", type=_ids, default=None,

@@ -19,17 +19,20 @@ from eyas.train.data import Batch
 
 
 class OnlineData:
-    """The first ``max_samples`` usable conversations of ``data`` ('sharegpt', a ShareGPT .json or a .jsonl)."""
+    """The usable conversations among the first ``max_samples`` of each source of ``data`` ('sharegpt', ShareGPT
+    .json or .jsonl files; one source or several, in order), as one dataset."""
 
-    def __init__(self, data: str, tokenizer: Tokenizer, target: nn.Module, aux_layer_ids: tuple[int, ...], *,
-                 max_len: int, max_samples: int | None):
+    def __init__(self, data: str | tuple[str, ...], tokenizer: Tokenizer, target: nn.Module,
+                 aux_layer_ids: tuple[int, ...], *, max_len: int, max_samples: int | None):
+        sources = (data,) if isinstance(data, str) else tuple(data)
         self.target = target
         self.aux_layer_ids = tuple(sorted(aux_layer_ids))
         self.rows: list[tuple[list[int], list[int]]] = []
         self.frequencies: Counter[int] = Counter()
         render = lambda m, gen: tokenizer.apply_chat_template(m, add_generation_prompt=gen)  # noqa: E731
         encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-        for conversation in itertools.islice(conversations(data), max_samples):
+        chats = itertools.chain.from_iterable(itertools.islice(conversations(s), max_samples) for s in sources)
+        for conversation in chats:
             try:
                 ids, mask = build_loss_mask(render, encode, without_leading_replies(conversation).messages)
             except ValueError:
@@ -39,7 +42,7 @@ class OnlineData:
                 self.rows.append((ids, mask))
                 self.frequencies.update(t for t, m in zip(ids, mask) if m)
         if not self.rows:
-            raise ValueError(f"data: no usable conversation in '{data}' (an empty dataset)")
+            raise ValueError(f"data: no usable conversation in {', '.join(repr(s) for s in sources)} (an empty dataset)")
 
     def lengths(self, max_len: int) -> list[int]:
         return [min(len(ids), max_len) for ids, _ in self.rows]

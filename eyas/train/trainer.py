@@ -47,11 +47,11 @@ class TrainConfig:
     """Every knob of ``eyas train`` (``--help`` explains each); validated at construction."""
 
     method: str
-    data: tuple[str, ...]  # dump folders, or with --online one conversation source (a str is one)
+    data: tuple[str, ...]  # dump folders, or with --online conversation sources (a str is one)
     out: str
     model: str | None = None
     online: bool = False
-    max_samples: int | None = None  # --online: conversations to read
+    max_samples: int | None = None  # --online: conversations to read from each source
     loss_masks: str | None = None  # plain dump folders
     layers: tuple[int, ...] | None = None  # plain dump folders: the layer id of each slot
     aux_layer_ids: tuple[int, ...] | None = None  # EAGLE-3: streams to fuse (default: the dumps' or (2, N//2, N-3))
@@ -85,8 +85,7 @@ class TrainConfig:
         if isinstance(self.data, (str, os.PathLike)):
             object.__setattr__(self, "data", (str(self.data),))
         object.__setattr__(self, "data", tuple(str(d) for d in self.data))
-        need(len(self.data) >= 1, "data: give at least one dump folder")
-        need(not (self.online and len(self.data) > 1), "online: --data names one conversation source")
+        need(len(self.data) >= 1, "data: give at least one dump folder (or, with --online, conversation source)")
         need(self.method in RECIPES, f"method: '{self.method}' is not one of {', '.join(RECIPES)}")
         need(self.draft_vocab_size >= 1, f"draft_vocab_size: {self.draft_vocab_size} must be >= 1")
         need(1 <= self.num_layers <= 8, f"num_layers: {self.num_layers} must be in [1, 8]")
@@ -215,7 +214,7 @@ class Trainer:
             from eyas.train.online import OnlineData
 
             ids = aux if aux is not None else (2, cfg.num_layers // 2, cfg.num_layers - 3)
-            return OnlineData(config.data[0], Tokenizer.from_folder(cfg.path), self.target, ids,
+            return OnlineData(config.data, Tokenizer.from_folder(cfg.path), self.target, ids,
                               max_len=config.max_len, max_samples=config.max_samples)
         return DumpData(config.data, cfg, aux, loss_masks=config.loss_masks, layers=config.layers)
 
