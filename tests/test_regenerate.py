@@ -172,3 +172,19 @@ def test_sampled_regeneration_is_reproducible_and_resumes_to_the_same_file(tiny_
         run_regenerate(str(data), tmp_path / "bad.jsonl", **{**kwargs, "temperature": -1.0})
     with pytest.raises(ValueError, match="seed"):
         run_regenerate(str(data), tmp_path / "bad.jsonl", **{**kwargs, "seed": -1})
+
+
+def test_a_conversation_with_more_sampled_replies_than_seeds_is_refused(tiny_models, tmp_path, monkeypatch):
+    """Conversation i's replies use seeds seed * 2**32 + i * ROUNDS + turn: a conversation past ROUNDS turns would
+    reuse the next one's seeds, so it is refused (ROUNDS made 2 here; a real conversation needs 1,025 turns)."""
+    import eyas.data.regenerate as regenerate
+
+    monkeypatch.setattr(regenerate, "ROUNDS", 2)
+    data = tmp_path / "chats.jsonl"
+    turn = [{"role": "user", "content": "the falcon"}, {"role": "assistant", "content": "flies"}]
+    _write(data, [turn * 2, turn * 3])
+    kwargs = dict(model=str(tiny_models["llama"]), max_tokens=2, max_len=300, progress=False, kv_cache_gb=0.02,
+                  temperature=1.0, seed=5)
+    run_regenerate(str(data), tmp_path / "two.jsonl", max_samples=1, **kwargs)  # two replies: seeds enough
+    with pytest.raises(ValueError, match="more than 2 replies"):
+        run_regenerate(str(data), tmp_path / "three.jsonl", **kwargs)
