@@ -65,8 +65,6 @@ def regenerate_replies(llm, chats: list[Conversation], max_len: int, max_tokens:
         history.append(messages)
         cut.append([])
     for r in itertools.count():
-        if seeds is not None and r == ROUNDS:
-            raise ValueError(f"regenerate: a conversation with more than {ROUNDS} replies has no seed for the next")
         batch, prompts, params = [], [], []
         for i, messages in enumerate(history):
             replies = [j for j, m in enumerate(messages) if m["role"] == "assistant"]
@@ -78,6 +76,8 @@ def regenerate_replies(llm, chats: list[Conversation], max_len: int, max_tokens:
             if len(ids) >= max_len - 1:
                 history[i] = messages[:replies[r - 1] + 1] if r and last else messages[:replies[r - 1] if r else j]
                 continue
+            if seeds is not None and r >= ROUNDS:
+                raise ValueError(f"regenerate: a conversation with more than {ROUNDS} replies has no seed for the next")
             batch.append((i, j))
             prompts.append(ids)
             params.append(SamplingParams(**settings, seed=None if seeds is None else seeds[i] + r))
