@@ -246,7 +246,7 @@ def test_online_batches_equal_the_engine_dumps(tmp_path, tiny_models):
     cfg = ModelConfig.from_folder(model)
     target = load_model(cfg, torch.float32, torch.device("cpu"), 256)
     dumps = DumpData(trainer_cfg.data, cfg, None)
-    online = OnlineData(str(chats), Tokenizer.from_folder(model), target, (0, 1, 2), max_len=256, max_samples=None)
+    online = OnlineData((str(chats),), Tokenizer.from_folder(model), target, (0, 1, 2), max_len=256, max_samples=None)
     assert dumps.lengths(256) == online.lengths(256)
     a, b = dumps.batch([0, 3], 256, torch.float32), online.batch([0, 3], 256, torch.float32)
     assert torch.equal(a.token_ids, b.token_ids) and torch.equal(a.loss_mask, b.loss_mask)
@@ -284,9 +284,9 @@ def test_online_reads_several_sources_as_one_dataset(tmp_path, tiny_models):
     def read(data, max_samples=None):
         return OnlineData(data, tok, target, (0, 1, 2), max_len=256, max_samples=max_samples)
 
-    two, one = read((a, b)), read(both)
+    two, one = read((a, b)), read((both,))
     assert two.rows == one.rows and len(two.rows) == 5 and dict(two.frequencies) == dict(one.frequencies)
-    assert read((a, b), max_samples=2).rows == read(first_two).rows
+    assert read((a, b), max_samples=2).rows == read((first_two,)).rows
     empty = write(tmp_path / "empty.jsonl", [])
     with pytest.raises(ValueError, match="no usable conversation in '.*empty.jsonl', '.*empty.jsonl'"):
         read((empty, empty))

@@ -525,7 +525,7 @@ static inline __attribute__((always_inline)) void tile(const int type, const int
             for (int g = 0; g < GROUPS; g++) acc[j][m][g] = (acc_t){0};
     const int64_t share = line_share(pf_bytes, nsub);
     for (int64_t sb = 0; sb < nsub; sb++) {
-        if (pf_bytes) prefetch_share(pf, pf_bytes, sb, share);
+        prefetch_share(pf, pf_bytes, sb, share); /* nothing when pf_bytes is 0 */
         wsub_t fresh[TILE_N];
         const wsub_t *d[TILE_N];
         for (int j = 0; j < NB; j++) {

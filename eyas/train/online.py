@@ -19,12 +19,11 @@ from eyas.train.data import Batch
 
 
 class OnlineData:
-    """The usable conversations among the first ``max_samples`` of each source of ``data`` ('sharegpt', ShareGPT
-    .json or .jsonl files; one source or several, in order), as one dataset."""
+    """The usable conversations among the first ``max_samples`` of each of ``sources`` ('sharegpt', ShareGPT
+    .json or .jsonl files, in order), as one dataset."""
 
-    def __init__(self, data: str | tuple[str, ...], tokenizer: Tokenizer, target: nn.Module,
+    def __init__(self, sources: tuple[str, ...], tokenizer: Tokenizer, target: nn.Module,
                  aux_layer_ids: tuple[int, ...], *, max_len: int, max_samples: int | None):
-        sources = (data,) if isinstance(data, str) else tuple(data)
         self.target = target
         self.aux_layer_ids = tuple(sorted(aux_layer_ids))
         self.rows: list[tuple[list[int], list[int]]] = []
