@@ -367,3 +367,31 @@ def test_training_on_cuda_matches_the_cpu_loss(peaked, tmp_path, method, extra):
         rows = [json.loads(line) for line in (tmp_path / device / "metrics.jsonl").read_text().splitlines()]
         losses[device] = [r["loss"] for r in rows]
     assert losses["cuda"] == pytest.approx(losses["cpu"], rel=1e-3)
+
+
+def test_online_target_runs_under_the_trainers_autocast(tmp_path, tiny_models, monkeypatch):
+    """With autocast on, --online computes the target's states under bf16 autocast too (half its cost on an AMX
+    CPU): they stay within bf16 rounding of the float32 states, and the training step runs on them."""
+    model = tiny_models["llama"]
+    chats = tmp_path / "chats.jsonl"
+    with open(chats, "w") as f:
+        for i in range(4):
+            f.write(json.dumps({"id": str(i), "messages": [
+                {"role": "user", "content": f"question {i} " * (2 + i)},
+                {"role": "assistant", "content": f"answer {i} " * (6 + i)}]}) + "\n")
+    trainer = Trainer(TrainConfig(method="eagle3", data=str(chats), out=str(tmp_path / "run"), model=str(model),
+                                  online=True, draft_vocab_size=320, unroll_steps=2, batch_tokens=4096, max_len=256,
+                                  autocast="on"), progress=False)
+    seen = []
+    batch = trainer.data.batch
+    monkeypatch.setattr(trainer.data, "batch", lambda *a: seen.append((torch.is_autocast_enabled("cpu"), batch(*a)))
+                        or seen[-1][1])
+    row = trainer.train_step([0, 1, 2, 3])
+    assert torch.isfinite(torch.tensor(row["loss"])) and row["tokens"] > 0
+    (autocast, states), = seen
+    assert autocast
+    exact = batch([0, 1, 2, 3], 256, torch.float32)
+    mask = exact.loss_mask
+    assert not torch.equal(states.last[mask], exact.last[mask])  # bf16 products, not float32 ones
+    torch.testing.assert_close(states.last[mask], exact.last[mask], rtol=0.05, atol=0.05)
+    torch.testing.assert_close(states.aux[mask], exact.aux[mask], rtol=0.05, atol=0.05)

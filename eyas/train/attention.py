@@ -50,8 +50,9 @@ def ttt_attention(q: torch.Tensor, base_k: torch.Tensor, base_v: torch.Tensor, d
     heads, dim = q.shape[2], q.shape[3]
     group = heads // base_k.shape[2]
     qh = q.transpose(1, 2)  # [B, Hq, T, D]
-    kh = base_k.repeat_interleave(group, dim=2).transpose(1, 2)
-    vh = base_v.repeat_interleave(group, dim=2).transpose(1, 2)
+    # one dtype for the fused kernel: under autocast rotary leaves q, k in float32 and v in bfloat16
+    kh = base_k.repeat_interleave(group, dim=2).transpose(1, 2).to(q.dtype)
+    vh = base_v.repeat_interleave(group, dim=2).transpose(1, 2).to(q.dtype)
     out, lse = base_attention(qh, kh, vh, base_includes_self)  # [B, Hq, T, D], [B, Hq, T] float32
     if not diag_k:
         return out.transpose(1, 2)

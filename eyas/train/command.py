@@ -73,7 +73,8 @@ def add_train_parser(sub) -> None:
     p.add_argument("--format", choices=["eagle3", "speculators", "mtp"], default=None,
                    help="drafter layout: eagle3 (SafeAILab/SpecForge, vLLM), speculators, or mtp (DeepSeek)")
     p.add_argument("--autocast", choices=["auto", "on", "off"], default="auto",
-                   help="bf16 autocast: auto = on CUDA and on CPUs with native bf16 matmuls")
+                   help="bf16 autocast of the drafter's training and, with --online, of the target's forward: "
+                        "auto = on CUDA and on CPUs with native bf16 matmuls")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads")
     p.add_argument("--eval-prompts", type=int, default=8,

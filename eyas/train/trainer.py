@@ -272,7 +272,8 @@ class Trainer:
 
     def train_step(self, indices: list[int]) -> dict:
         config = self.config
-        batch = self.data.batch(indices, config.max_len, torch.float32)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):  # --online: the target's
+            batch = self.data.batch(indices, config.max_len, torch.float32)  # forward (2x faster on an AMX CPU)
         batch = type(batch)(*(None if t is None else t.to(self.device) for t in
                               (batch.token_ids, batch.loss_mask, batch.aux, batch.last)))
         targets = self.target_head.distribution(batch.last, batch.token_ids, batch.loss_mask)
