@@ -382,10 +382,14 @@ def test_online_target_runs_under_the_trainers_autocast(tmp_path, tiny_models, m
     trainer = Trainer(TrainConfig(method="eagle3", data=str(chats), out=str(tmp_path / "run"), model=str(model),
                                   online=True, draft_vocab_size=320, unroll_steps=2, batch_tokens=4096, max_len=256,
                                   autocast="on"), progress=False)
-    seen = []
+    seen = []  # (autocast on at the call, the batch) per call
     batch = trainer.data.batch
-    monkeypatch.setattr(trainer.data, "batch", lambda *a: seen.append((torch.is_autocast_enabled("cpu"), batch(*a)))
-                        or seen[-1][1])
+
+    def recorded(*args):
+        seen.append((torch.is_autocast_enabled("cpu"), batch(*args)))
+        return seen[-1][1]
+
+    monkeypatch.setattr(trainer.data, "batch", recorded)
     row = trainer.train_step([0, 1, 2, 3])
     assert torch.isfinite(torch.tensor(row["loss"])) and row["tokens"] > 0
     (autocast, states), = seen
