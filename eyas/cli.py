@@ -266,12 +266,26 @@ def cmd_serve(args) -> int:
         return 0
 
 
+def _reply_sampling_args(p, prefix: str = "") -> None:
+    """Sampled regenerated replies: `eyas regenerate` and `eyas extract --regenerate` (``prefix`` opens --temperature's
+    help)."""
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help=f"{prefix}0 = greedy replies (the default); above 0 the replies are sampled (SpecForge's "
+                        "regeneration example uses 0.8), which covers more of the target's distribution")
+    p.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus sampling")
+    p.add_argument("--top-k", type=int, default=0, help="with --temperature: the k most likely tokens (0 = all)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="with --temperature: each reply is drawn with its own seed made from this one, the "
+                        "conversation's index and the turn, so a resumed job writes what an uninterrupted one would")
+
+
 def cmd_extract(args) -> int:
     from eyas.data.extract import run_extract
 
     manifest = run_extract(args.data, args.out, model=args.model, layers=args.layers, regenerate=args.regenerate,
                            max_samples=args.max_samples, max_len=args.max_len,
                            max_turns=args.max_turns, regen_max_tokens=args.regen_max_tokens, chunk_size=args.chunk_size,
+                           temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                            **_engine_kwargs(args))
     print(f"{manifest['num_samples']} samples ({manifest['num_skipped']} skipped), {manifest['num_tokens']} tokens "
           f"({manifest['num_loss_tokens']} with loss) in {args.out}; manifest: {args.out}/manifest.json")
@@ -332,8 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     ext.add_argument("--layers", type=_layer_ids, default=None,
                      help="aux layer ids, vLLM convention (default: 2,N//2,N-3)")
     ext.add_argument("--regenerate", action="store_true",
-                     help="replace the replies by the target's own, greedy (self-distillation); the last one's states "
-                          "are dumped while it is generated")
+                     help="replace the replies by the target's own, greedy or sampled (self-distillation); the last "
+                          "one's states are dumped while it is generated")
     ext.add_argument("--max-turns", type=int, default=None,
                      help="keep each conversation's first N exchanges (user turn and reply); default: all")
     ext.add_argument("--max-samples", type=int, default=None, help="use the first N conversations")
@@ -341,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="cut conversations to this many tokens (default: 2048 or the model's limit)")
     ext.add_argument("--regen-max-tokens", type=int, default=512, help="longest regenerated reply")
     ext.add_argument("--chunk-size", type=int, default=128, help="conversations per journaled chunk")
+    _reply_sampling_args(ext, "with --regenerate: ")
     _engine_args(ext, speculative=False)
     ext.set_defaults(func=cmd_extract)
     reg = sub.add_parser("regenerate", help="replace the replies of chat data by the target's own (greedy or sampled) "
@@ -355,14 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     reg.add_argument("--max-len", type=int, default=None,
                      help="longest conversation in tokens; later turns are dropped (default: 2048 or the model's limit)")
     reg.add_argument("--chunk-size", type=int, default=256, help="conversations per journaled chunk")
-    reg.add_argument("--temperature", type=float, default=0.0,
-                     help="0 = greedy replies (the default); above 0 the replies are sampled (SpecForge's "
-                          "regeneration example uses 0.8), which covers more of the target's distribution")
-    reg.add_argument("--top-p", type=float, default=1.0, help="with --temperature: nucleus sampling")
-    reg.add_argument("--top-k", type=int, default=0, help="with --temperature: the k most likely tokens (0 = all)")
-    reg.add_argument("--seed", type=int, default=0,
-                     help="with --temperature: each reply is drawn with its own seed made from this one, the "
-                          "conversation's index and the turn, so a resumed job writes what an uninterrupted one would")
+    _reply_sampling_args(reg)
     _engine_args(reg, speculative=False)
     reg.set_defaults(func=cmd_regenerate)
     from eyas.train.command import add_train_parser

@@ -228,6 +228,49 @@ def test_regenerate_multi_turn_keeps_the_regenerated_history_as_masked_context(t
     assert tok.decode(ids, skip_special_tokens=False).count("<|im_start|>user") == 1
 
 
+def test_regenerate_sampled_draws_each_reply_with_its_own_seed(tiny_models, tmp_path):
+    """--regenerate --temperature: the history's replies and the dumped last one are sampled, reply t of
+    conversation i with seed ``seed * 2**32 + i * ROUNDS + t`` (as `eyas regenerate` draws them), so the dumps
+    equal the engine's own sampled replies under those seeds whatever the chunking; greedy ones differ."""
+    from eyas import LLM, SamplingParams
+    from eyas.data.regenerate import ROUNDS
+
+    data = tmp_path / "chats.jsonl"
+    chats = [[{"role": "user", "content": f"the falcon {w} flies"}, {"role": "assistant", "content": "old"},
+              {"role": "user", "content": f"and sees the {w}"}, {"role": "assistant", "content": "older"}]
+             for w in ("river", "hill", "sea")]
+    with open(data, "w") as f:
+        for messages in chats:
+            f.write(json.dumps({"messages": messages}) + "\n")
+    kwargs = dict(model=str(tiny_models["llama"]), max_len=200, progress=False, kv_cache_gb=0.02, regenerate=True,
+                  regen_max_tokens=6, max_turns=2)
+    sampling = dict(temperature=0.9, top_p=0.95, top_k=0)
+
+    def token_ids(manifest, folder):
+        return [load_file(folder / s["file"])["token_ids"].tolist() for s in manifest["samples"]]
+
+    whole = run_extract(str(data), tmp_path / "whole", chunk_size=3, seed=7, **sampling, **kwargs)
+    assert whole["sampling"] == {**sampling, "seed": 7}
+    sampled = token_ids(whole, tmp_path / "whole")
+    assert token_ids(run_extract(str(data), tmp_path / "ones", chunk_size=1, seed=7, **sampling, **kwargs),
+                     tmp_path / "ones") == sampled
+    llm = LLM(str(tiny_models["llama"]), max_model_len=200, kv_cache_gb=0.02)
+    tok = llm.get_tokenizer()
+    for i, (messages, ids) in enumerate(zip(chats, sampled)):
+        first_seed = 7 * 2**32 + i * ROUNDS
+        first = llm.chat([messages[:1]], SamplingParams(max_tokens=6, seed=first_seed, **sampling),
+                         use_tqdm=False)[0].outputs[0].text
+        history = [messages[0], {"role": "assistant", "content": first}, messages[2]]
+        prompt = tok.encode(tok.apply_chat_template(history, add_generation_prompt=True), add_special_tokens=False)
+        second = llm.generate([prompt], SamplingParams(max_tokens=6, seed=first_seed + 1, **sampling),
+                              use_tqdm=False)[0].outputs[0].token_ids
+        assert ids == prompt + list(second)[:-1]
+    greedy = run_extract(str(data), tmp_path / "greedy", **kwargs)
+    assert greedy["sampling"] is None and token_ids(greedy, tmp_path / "greedy") != sampled
+    with pytest.raises(ValueError, match="temperature: 0.9 samples regenerated replies; add regenerate"):
+        run_extract(str(data), tmp_path / "plain", **{**kwargs, "regenerate": False}, **sampling)
+
+
 def test_bad_settings_are_refused(tiny_models, tmp_path):
     data = tmp_path / "chats.jsonl"
     _write_conversations(data, 2)

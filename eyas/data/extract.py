@@ -81,9 +81,12 @@ def conversations(data: str) -> Iterator[Conversation]:
 def run_extract(data: str, out: str | Path, *, model: str | None = None, layers: list[int] | None = None,
                 regenerate: bool = False, max_samples: int | None = None, max_len: int | None = None,
                 max_turns: int | None = None, regen_max_tokens: int = 512, chunk_size: int = 128,
+                temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0,
                 progress: bool = True, **llm_kwargs) -> dict:
     """Run (or resume) the job; returns the manifest. ``max_len`` defaults to 2048 or the model's limit if
-    lower. ``llm_kwargs`` go to ``LLM`` (dtype, num_threads, kv_cache_gb, ...)."""
+    lower. With ``regenerate``, replies are greedy unless ``temperature`` > 0 (then ``top_p``, ``top_k`` and
+    ``seed`` apply, as in ``eyas regenerate``). ``llm_kwargs`` go to ``LLM`` (dtype, num_threads, kv_cache_gb, ...)."""
+    from eyas.data.regenerate import reply_sampling
     from eyas.llm import LLM
 
     if max_samples is not None and max_samples < 1:
@@ -92,6 +95,9 @@ def run_extract(data: str, out: str | Path, *, model: str | None = None, layers:
         raise ValueError(f"max_turns: {max_turns} must be >= 1")
     if regen_max_tokens < 2:
         raise ValueError(f"regen_max_tokens: {regen_max_tokens} must be >= 2 (a reply's last token has no state)")
+    if temperature != 0 and not regenerate:
+        raise ValueError(f"temperature: {temperature} samples regenerated replies; add regenerate (--regenerate)")
+    sampling = reply_sampling(temperature, top_p, top_k, seed, regen_max_tokens)
     cfg = ModelConfig.from_folder(resolve_model(model))
     max_len = max_len or min(DEFAULT_MAX_LEN, cfg.max_position_embeddings)
     if max_len < 16:
@@ -109,6 +115,7 @@ def run_extract(data: str, out: str | Path, *, model: str | None = None, layers:
               "dtype": str(llm.engine.config.dtype).removeprefix("torch."), "hidden_size": cfg.hidden_size,
               "num_layers": len(layer_ids), "max_len": max_len, "max_turns": max_turns, "regenerate": regenerate,
               "regen_max_tokens": regen_max_tokens if regenerate else None,
+              "sampling": None if sampling is None else {**sampling, "seed": seed},
               "files": {"hidden_states": "[num_tokens, num_layers, hidden_size]", "token_ids": "[num_tokens] int64"}}
     _pin_job(out / "job.json", header)
     for stale in out.glob(f".*{TMP_SUFFIX}"):
@@ -124,10 +131,11 @@ def run_extract(data: str, out: str | Path, *, model: str | None = None, layers:
     num_tokens, start = 0, time.perf_counter()
     while chunk := list(itertools.islice(todo, chunk_size)):
         if regenerate:
-            _regenerate(llm, chunk, max_len, regen_max_tokens)
+            _regenerate(llm, chunk, max_len, regen_max_tokens, sampling, seed)
         for sample in chunk:
             _render(llm, sample, max_len, reply=regenerate)
-        entries = _extract(llm, [s for s in chunk if s.skipped is None], out, regen_max_tokens if regenerate else 1)
+        entries = _extract(llm, [s for s in chunk if s.skipped is None], out, regen_max_tokens if regenerate else 1,
+                           sampling, seed)
         entries += [{"id": s.sample_id, "conversation_id": s.conversation.id, "skipped": s.skipped}
                     for s in chunk if s.skipped is not None]
         journal.append(entries)
@@ -212,12 +220,21 @@ def _render(llm, sample: Sample, max_len: int, reply: bool) -> None:
     sample.token_ids, sample.loss_mask = ids, mask
 
 
-def _extract(llm, samples: list[Sample], out: Path, max_tokens: int) -> list[dict]:
-    """Run every sample with extraction on, generating up to ``max_tokens`` greedily (1: a prefill); journal
-    entries once their files are on disk. The generated tokens but the last are dumped too, as loss tokens."""
+def _extract(llm, samples: list[Sample], out: Path, max_tokens: int, sampling: dict | None = None,
+             seed: int = 0) -> list[dict]:
+    """Run every sample with extraction on, generating up to ``max_tokens`` greedily, or with ``sampling`` and the
+    reply's seed (1: a prefill); journal entries once their files are on disk. The generated tokens but the last
+    are dumped too, as loss tokens."""
+    from eyas.data.regenerate import conversation_seed, reply_seed
+
     engine = llm.engine
-    params = SamplingParams(max_tokens=max_tokens, temperature=0)
     for sample in samples:
+        if sampling is None:
+            params = SamplingParams(max_tokens=max_tokens, temperature=0)
+        else:  # the reply after the sample's regenerated ones
+            turn = sum(m["role"] == "assistant" for m in sample.conversation.messages)
+            params = SamplingParams(max_tokens=max_tokens, **sampling,
+                                    seed=reply_seed(conversation_seed(seed, sample.sample_id), turn))
         engine.add_request(sample.sample_id, sample.token_ids, params)
     outputs = {}
     while engine.has_unfinished_requests():
@@ -242,11 +259,13 @@ def _extract(llm, samples: list[Sample], out: Path, max_tokens: int) -> list[dic
     return entries
 
 
-def _regenerate(llm, samples: list[Sample], max_len: int, max_tokens: int) -> None:
-    """Replace every assistant turn but the last by the target's own reply and end each conversation with the
-    turn its last reply answers (``_extract`` generates that one, dumping its states)."""
-    from eyas.data.regenerate import regenerate_replies
+def _regenerate(llm, samples: list[Sample], max_len: int, max_tokens: int, sampling: dict | None, seed: int) -> None:
+    """Replace every assistant turn but the last by the target's own reply (greedy, or with ``sampling``) and end
+    each conversation with the turn its last reply answers (``_extract`` generates that one, dumping its states)."""
+    from eyas.data.regenerate import conversation_seed, regenerate_replies
 
-    chats, _ = regenerate_replies(llm, [s.conversation for s in samples], max_len, max_tokens, last=False)
+    seeds = None if sampling is None else [conversation_seed(seed, s.sample_id) for s in samples]
+    chats, _ = regenerate_replies(llm, [s.conversation for s in samples], max_len, max_tokens, last=False,
+                                  sampling=sampling, seeds=seeds)
     for sample, chat in zip(samples, chats):
         sample.conversation = chat

@@ -40,6 +40,31 @@ logger = logging.getLogger("eyas")
 ROUNDS = 1024  # replies a conversation can have a seed for: its seeds are seed + 0 .. seed + ROUNDS - 1
 
 
+def reply_sampling(temperature: float, top_p: float, top_k: int, seed: int, max_tokens: int) -> dict | None:
+    """The ``SamplingParams`` fields of sampled replies (None: greedy, ``temperature`` 0), checked before a model
+    loads: a bad value fails here, naming the field."""
+    if temperature == 0:
+        return None
+    if not (isinstance(seed, int) and 0 <= seed < 2**31):
+        raise ValueError(f"seed: {seed!r} must be an integer in [0, 2**31)")
+    sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
+    SamplingParams(max_tokens=max_tokens, **sampling)
+    return sampling
+
+
+def conversation_seed(seed: int, sample_id: str) -> int:
+    """The first seed of a conversation's replies: it depends on the job's seed and the conversation's index only,
+    so a file does not depend on the chunking or on where a killed job resumed."""
+    return seed * 2**32 + int(sample_id) * ROUNDS
+
+
+def reply_seed(first: int, turn: int) -> int:
+    """The seed of a conversation's reply ``turn`` (0 = the first reply), from its ``conversation_seed``."""
+    if turn >= ROUNDS:
+        raise ValueError(f"regenerate: a conversation with more than {ROUNDS} replies has no seed for the next")
+    return first + turn
+
+
 def regenerate_replies(llm, chats: list[Conversation], max_len: int, max_tokens: int, *, last: bool = True,
                        sampling: dict | None = None, seeds: list[int] | None = None,
                        ) -> tuple[list[Conversation], list[list[bool]]]:
@@ -76,11 +101,9 @@ def regenerate_replies(llm, chats: list[Conversation], max_len: int, max_tokens:
             if len(ids) >= max_len - 1:
                 history[i] = messages[:replies[r - 1] + 1] if r and last else messages[:replies[r - 1] if r else j]
                 continue
-            if seeds is not None and r >= ROUNDS:
-                raise ValueError(f"regenerate: a conversation with more than {ROUNDS} replies has no seed for the next")
             batch.append((i, j))
             prompts.append(ids)
-            params.append(SamplingParams(**settings, seed=None if seeds is None else seeds[i] + r))
+            params.append(SamplingParams(**settings, seed=None if seeds is None else reply_seed(seeds[i], r)))
         if not batch:
             break
         for (i, j), out in zip(batch, llm.generate(prompts, params, use_tqdm=False)):
@@ -110,12 +133,7 @@ def run_regenerate(data: str, out: str | Path, *, model: str | None = None, max_
         raise ValueError(f"max_tokens: {max_tokens} must be >= 1")
     if chunk_size < 1:
         raise ValueError(f"chunk_size: {chunk_size} must be >= 1")
-    sampling = None
-    if temperature != 0:
-        if not (isinstance(seed, int) and 0 <= seed < 2**31):
-            raise ValueError(f"seed: {seed!r} must be an integer in [0, 2**31)")
-        sampling = {"temperature": temperature, "top_p": top_p, "top_k": top_k}
-        SamplingParams(max_tokens=max_tokens, **sampling)  # a bad value fails here, naming the field
+    sampling = reply_sampling(temperature, top_p, top_k, seed, max_tokens)
     if max_len is None:
         max_len = min(DEFAULT_MAX_LEN, ModelConfig.from_folder(resolve_model(model)).max_position_embeddings)
     llm = LLM(model, max_model_len=max_len, **llm_kwargs)
@@ -145,7 +163,7 @@ def run_regenerate(data: str, out: str | Path, *, model: str | None = None, max_
     start = time.perf_counter()
     while chunk := list(itertools.islice(todo, chunk_size)):
         usable = [(sid, c) for sid, c in chunk if any(m["role"] == "user" for m in c.messages)]
-        seeds = None if sampling is None else [seed * 2**32 + int(sid) * ROUNDS for sid, _ in usable]
+        seeds = None if sampling is None else [conversation_seed(seed, sid) for sid, _ in usable]
         chats, cut = regenerate_replies(llm, [c for _, c in usable], max_len, max_tokens, sampling=sampling, seeds=seeds)
         regenerated = {sid: (chat, flags) for (sid, _), chat, flags in zip(usable, chats, cut)}
         entries = []
