@@ -220,8 +220,8 @@ def _render(llm, sample: Sample, max_len: int, reply: bool) -> None:
     sample.token_ids, sample.loss_mask = ids, mask
 
 
-def _extract(llm, samples: list[Sample], out: Path, max_tokens: int, sampling: dict | None = None,
-             seed: int = 0) -> list[dict]:
+def _extract(llm, samples: list[Sample], out: Path, max_tokens: int, sampling: dict | None,
+             seed: int) -> list[dict]:
     """Run every sample with extraction on, generating up to ``max_tokens`` greedily, or with ``sampling`` and the
     reply's seed (1: a prefill); journal entries once their files are on disk. The generated tokens but the last
     are dumped too, as loss tokens."""
