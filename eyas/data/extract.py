@@ -228,9 +228,10 @@ def _extract(llm, samples: list[Sample], out: Path, max_tokens: int, sampling: d
     from eyas.data.regenerate import conversation_seed, reply_seed
 
     engine = llm.engine
+    greedy = SamplingParams(max_tokens=max_tokens, temperature=0)
     for sample in samples:
         if sampling is None:
-            params = SamplingParams(max_tokens=max_tokens, temperature=0)
+            params = greedy
         else:  # the reply after the sample's regenerated ones
             turn = sum(m["role"] == "assistant" for m in sample.conversation.messages)
             params = SamplingParams(max_tokens=max_tokens, **sampling,
