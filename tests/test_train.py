@@ -222,6 +222,16 @@ def test_a_run_folder_with_other_settings_is_refused(peaked, tmp_path):
         Trainer(_config(peaked, tmp_path / "run", lr=1e-3), progress=False).train()
 
 
+def _write_chats(path: Path, n: int) -> Path:
+    """n one-exchange conversations of different lengths, as a .jsonl of chat data."""
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": str(i), "messages": [{"role": "user", "content": f"question {i} " * (i + 2)},
+                                                           {"role": "assistant", "content": f"answer {i} " * (3 + i)}]})
+                    + "\n")
+    return path
+
+
 def test_online_batches_equal_the_engine_dumps(tmp_path, tiny_models):
     """--online computes the target's states in the loop; they must equal what `eyas extract` dumps."""
     from eyas.data.extract import run_extract
@@ -230,12 +240,7 @@ def test_online_batches_equal_the_engine_dumps(tmp_path, tiny_models):
     from eyas.train.online import OnlineData
 
     model = tiny_models["llama"]
-    chats = tmp_path / "chats.jsonl"
-    with open(chats, "w") as f:
-        for i in range(5):
-            f.write(json.dumps({"id": str(i), "messages": [{"role": "user", "content": f"question {i} " * (i + 2)},
-                                                           {"role": "assistant", "content": f"answer {i} " * (3 + i)}]})
-                    + "\n")
+    chats = _write_chats(tmp_path / "chats.jsonl", 5)
     # float32 weights, as the trainer's target (an HF folder's "auto" on a bf16 CPU would extract from bf16 rows)
     run_extract(str(chats), tmp_path / "dumps", model=str(model), layers=LAYERS, progress=False, dtype="float32")
     trainer_cfg = _config({"dumps": tmp_path / "dumps", "model": model, "masks": None}, tmp_path / "x",
@@ -373,12 +378,7 @@ def test_online_target_runs_under_the_trainers_autocast(tmp_path, tiny_models, m
     """With autocast on, --online computes the target's states under bf16 autocast too (half its cost on an AMX
     CPU): they stay within bf16 rounding of the float32 states, and the training step runs on them."""
     model = tiny_models["llama"]
-    chats = tmp_path / "chats.jsonl"
-    with open(chats, "w") as f:
-        for i in range(4):
-            f.write(json.dumps({"id": str(i), "messages": [
-                {"role": "user", "content": f"question {i} " * (2 + i)},
-                {"role": "assistant", "content": f"answer {i} " * (6 + i)}]}) + "\n")
+    chats = _write_chats(tmp_path / "chats.jsonl", 4)
     trainer = Trainer(TrainConfig(method="eagle3", data=str(chats), out=str(tmp_path / "run"), model=str(model),
                                   online=True, draft_vocab_size=320, unroll_steps=2, batch_tokens=4096, max_len=256,
                                   autocast="on"), progress=False)
