@@ -146,3 +146,25 @@ def test_expected_drafts_equal_what_the_next_step_verifies():
     assert verified == expected
     assert expected["r0"] > 1 and expected["r3"] == 0  # a good estimate drafts, a poor one does not
     assert expected["r4"] == 0 and expected["r5"] == 0 and expected["r6"] == 0  # no room, opted out, after a miss
+
+
+def test_logprobs_are_the_same_bits_however_the_prompt_was_chunked_or_cached(tiny_models):
+    """On a CPU with eyas's kernels doing every product (here int8 weights; PyTorch's float32 matmuls block by the
+    row count) every query, prefill chunks included, goes through the paged attention kernel, whose rows do not
+    depend on the query's length or on the rows around it: a request's logprobs are the same bits with its prompt
+    prefilled whole, in chunks of 16 tokens, or mostly read from the prefix cache. (SDPA's blocking followed the
+    query and context lengths: prefill through it moved logprobs by about 1e-6 between such runs.)"""
+    path = tiny_models["llama"]
+    prompts = [p * 2 for p in _prompts(4)]  # 10-180 tokens: long queries
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=5, ignore_eos=True)
+
+    def logprobs(llm):
+        return [o.outputs[0].logprobs for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    whole = logprobs(_llm(path, enable_prefix_caching=False, quantization="int8"))
+    assert logprobs(_llm(path, enable_prefix_caching=False, max_num_batched_tokens=16, quantization="int8")) == whole
+    cached = _llm(path, quantization="int8")
+    cached.generate([p[:len(p) - 7] for p in prompts], params, use_tqdm=False)  # fills the prefix cache
+    outs = cached.generate(prompts, params, use_tqdm=False)
+    assert all(o.num_cached_tokens >= 16 for o in outs if len(o.prompt_token_ids) >= 40)
+    assert [o.outputs[0].logprobs for o in outs] == whole

@@ -1,4 +1,5 @@
-/* Paged attention for short queries on the CPU, reading K/V in place from the block-paged cache.
+/* Paged attention on the CPU, reading K/V in place from the block-paged cache: decodes, verification chains
+ * and prefill chunks alike.
  *
  * One call writes the step's new K/V into the cache (so a layer's attention is one call, not three
  * ops), then attends every listed request. Request n owns query tokens q_start[n] ..
@@ -8,10 +9,11 @@
  * lo .. seq_len - q_len + j, with lo = 0, or for a sliding window of w keys
  * max(0, position - w + 1).
  *
- * A work item is one (request, KV head): the G query heads of that KV head times the q_len
- * tokens make R = G * q_len rows that share every K/V row, so K/V are read from the cache once
- * per item. Where head dims are whole 16-lane vectors (attend_heads16) and the batch has two
- * requests per thread or more, an item is a whole request: its cache rows are read whole. Keys are
+ * A work item is one (request, KV head, chunk of at most Q_CHUNK of its queries): the G query heads
+ * of that KV head times the chunk's tokens make R rows that share every K/V row, so K/V are read
+ * from the cache once per item. Where head dims are whole 16-lane vectors (attend_heads16) and the
+ * batch has two requests per thread or more, an item spans every KV head of the request: its cache
+ * rows are read whole. A long prefill query is thus spread over the threads in chunks. Keys are
  * visited a cache block at a time with an online softmax (a running maximum m and sum l per row):
  * scores of the block, then rescale the accumulators if the maximum moved, then add p * V. Everything is summed in float32; the cache may hold float32, bfloat16 or
  * float16 values (cache_dtype 0, 1, 2), widened exactly on load.
@@ -26,6 +28,8 @@
 #include <string.h>
 
 #include "exp8.h"
+
+#define Q_CHUNK 64 /* query tokens of a request per work item */
 
 static inline v8f load8(const float *p) {
     v8f v;
@@ -349,6 +353,7 @@ int eyas_paged_attention(const float *q, int64_t q_stride, const void *k, int64_
     char *k_cache = kv_cache, *v_cache = k_cache + num_slots * kv_row;
     int64_t max_q = 1;
     for (int64_t n = 0; n < num_reqs; n++) max_q = q_len[n] > max_q ? q_len[n] : max_q;
+    max_q = max_q < Q_CHUNK ? max_q : Q_CHUNK;
     const int vec16 = block_size % 16 == 0 && d % 16 == 0 && d <= MAX_VEC_D; /* attend_heads16 */
     /* KV heads per item: all of a request's when every thread gets a request, else one (more items to share) */
     const int64_t per_item = vec16 && num_reqs >= 2 * num_threads ? num_kv_heads : 1, items = num_kv_heads / per_item;
@@ -356,6 +361,11 @@ int eyas_paged_attention(const float *q, int64_t q_stride, const void *k, int64_
     /* floats: qs, acc, m, l, s (attend_item), kbuf, vbuf, then 2 * block_size pointers (2 floats each, at most) */
     const int64_t work_floats = 2 * max_rows * d + 2 * max_rows + max_rows * block_size + 2 * block_size * row_width
                                 + 4 * block_size + 1;
+    /* the work items of requests 0..n-1: (chunks of Q_CHUNK queries) x items each */
+    int64_t *item0 = malloc((num_reqs + 1) * sizeof(int64_t));
+    if (item0 == NULL) return -1;
+    item0[0] = 0;
+    for (int64_t n = 0; n < num_reqs; n++) item0[n + 1] = item0[n] + (q_len[n] + Q_CHUNK - 1) / Q_CHUNK * items;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {
@@ -370,15 +380,22 @@ int eyas_paged_attention(const float *q, int64_t q_stride, const void *k, int64_
             failed = 1;
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < num_reqs * items; item++) {
+        for (int64_t item = 0; item < item0[num_reqs]; item++) {
             if (work == NULL) continue;
-            int64_t n = item / items, g = item % items * per_item;
-            if (q_len[n] == 0) continue;
+            int64_t lo = 0, hi = num_reqs; /* the request n with item0[n] <= item < item0[n + 1] */
+            while (hi - lo > 1) {
+                int64_t mid = (lo + hi) / 2;
+                if (item0[mid] <= item) lo = mid; else hi = mid;
+            }
+            const int64_t n = lo, local = item - item0[n], g = local % items * per_item;
+            /* its chunk: queries c0 .. c0 + len - 1 of the request, whose context ends at the chunk's last one */
+            const int64_t c0 = local / items * Q_CHUNK, len = q_len[n] - c0 < Q_CHUNK ? q_len[n] - c0 : Q_CHUNK;
+            const int64_t q0 = q_start[n] + c0, ctx = seq_len[n] - q_len[n] + c0 + len;
             const int64_t *tbl = table + row[n] * table_width;
-#define ITEM(D) attend_item(q, q_stride, out, k_cache, v_cache, cache_dtype, slot_stride, tbl, block_size, q_start[n], \
-                            q_len[n], seq_len[n], g, groups, num_heads, D, window, scale, work)
+#define ITEM(D) attend_item(q, q_stride, out, k_cache, v_cache, cache_dtype, slot_stride, tbl, block_size, q0, len, \
+                            ctx, g, groups, num_heads, D, window, scale, work)
 #define HEADS16(D) attend_heads16(q, q_stride, out, k_cache, v_cache, cache_dtype, slot_stride, tbl, block_size, \
-                                  q_start[n], q_len[n], seq_len[n], g, per_item, groups, num_heads, D, window, scale, work)
+                                  q0, len, ctx, g, per_item, groups, num_heads, D, window, scale, work)
             if (vec16) {
                 switch (d) { /* common head dims get a copy specialised for them */
                     case 64: HEADS16(64); break;
@@ -393,5 +410,6 @@ int eyas_paged_attention(const float *q, int64_t q_stride, const void *k, int64_
         }
         free(work);
     }
+    free(item0);
     return failed ? -1 : 0;
 }

@@ -7,8 +7,7 @@ the modules' bit for bit (``tests/test_fused_decoder.py``); only the Python betw
 
 It applies where every step of a layer has a native kernel: weights as ``QuantLinear`` (GGUF, int8
 or bf16 rows) without biases, no QK norm, float32 activations and KV cache on the CPU, the ``cpu``
-attention backend with no long (SDPA) queries in the batch, and nothing recorded for autograd.
-Everywhere else the modules run.
+attention backend, and nothing recorded for autograd. Everywhere else the modules run.
 """
 
 from __future__ import annotations
@@ -116,7 +115,7 @@ class FusedDecoder:
         if not isinstance(ctx.backend, CpuBackend):
             return None
         meta = ctx.attn_metadata.get(self.group)
-        return meta if isinstance(meta, CpuMetadata) and not meta.singles else None
+        return meta if isinstance(meta, CpuMetadata) else None
 
     def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, stop: int,
             meta: CpuMetadata) -> torch.Tensor:

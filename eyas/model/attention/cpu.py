@@ -1,12 +1,20 @@
-"""CPU attention backend: short queries read K/V in place from the paged cache, long ones go through SDPA.
+"""CPU attention backend: every query reads K/V in place from the paged cache, in eyas's C kernel.
 
-Decodes and verification chains (queries of at most ``LONG_QUERY`` tokens) are attended by
-eyas's C kernel (``eyas/kernels/paged_attention.c``), which walks each request's block table
-and reads K/V straight from the cache: nothing is gathered or padded. The gather-then-SDPA path
-copies every request's context, padded to the longest one, twice per layer (K and V) and then
-reads the copy again; at batch 32 with 100-400-token contexts on the project's 2-core CPU that
-was half of a decode step (150 of 300 ms). Prefill chunks (long queries) are matrix products
-that SDPA's blocked kernel does well, so they keep the gather-then-SDPA path of ``sdpa``.
+Decodes, verification chains and prefill chunks are attended by ``eyas/kernels/paged_attention.c``,
+which walks each request's block table and reads K/V straight from the cache: nothing is gathered
+or padded. The gather-then-SDPA path copies every request's context, padded to the longest one,
+twice per layer (K and V) and then reads the copy again; at batch 32 with 100-400-token contexts on
+the project's 2-core CPU that was half of a decode step (150 of 300 ms).
+
+A query row's result depends only on its position and its context, never on the other rows: the
+kernel visits a row's keys a cache block at a time, in position order, whatever the query's length.
+So how a prompt is chunked, what the prefix cache already held, a preemption's recomputation, and
+the batch around a request do not change its outputs (SDPA's blocking follows the query and context
+lengths, which moved logits by about 1e-6 between a prefix-cached and an uncached run; enough to flip
+a near-tie, and with bfloat16 products, ``matmul_precision="medium"``, one bf16 rounding). Prefill
+costs what it did through SDPA, within this host's noise (the default model, 2 threads, AMD Zen 4, best
+of 3, two rounds, SDPA first): 16 chat prompts (1,586 tokens) 2.18 / 2.07 s -> 2.16 / 1.82 s, one
+1,500-token prompt 2.67 / 2.44 -> 2.68 / 2.38 s, one 3,500-token prompt 8.71 / 7.89 -> 8.19 / 8.28 s.
 
 The same call first writes the step's K/V (of every token) into the cache, and it reads q/k/v
 where they lie (views into the fused q/k/v product, each token's heads back to back), so a
@@ -30,7 +38,6 @@ import torch
 
 from eyas import kernels
 from eyas.model.attention import AttentionBackend, AttentionBatch, UniformBatch, uniform_slots
-from eyas.model.attention.sdpa import Single, attend_singles, split_requests
 
 _CACHE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
@@ -46,12 +53,11 @@ def load_kernel():
 @dataclass
 class CpuMetadata:
     slot_mapping: torch.Tensor  # [T] int64 cache slot each new token's K/V goes to
-    requests: torch.Tensor  # [4, N] int64 rows q_start, q_len, seq_len, block-table row of the short requests
+    requests: torch.Tensor  # [4, N] int64 rows q_start, q_len, seq_len, block-table row of each request
     block_table: torch.Tensor  # [B, W] int64, contiguous
     block_size: int
     window: int  # keys a query sees (itself included); 0 = all
     zero_fill: bool  # rows outside every listed request must read 0 (uniform layouts' padding)
-    singles: list[Single]  # long queries, through SDPA
     kernel_args: tuple = field(init=False)  # the kernel's arguments that are the same for every layer
 
     def __post_init__(self):
@@ -75,20 +81,18 @@ class CpuBackend(AttentionBackend):
                              "log); use 'sdpa'")
 
     def build_metadata(self, batch: AttentionBatch, device: torch.device) -> CpuMetadata:
-        short, singles = split_requests(batch, device)
-        rows = torch.tensor(short, dtype=torch.int64)
-        starts = batch.query_start_loc[rows]
-        q_lens = batch.query_start_loc[rows + 1] - starts
-        requests = torch.stack([starts, q_lens, batch.seq_lens[rows], rows])
+        starts = batch.query_start_loc[:-1]
+        rows = torch.arange(starts.shape[0])
+        requests = torch.stack([starts, batch.query_start_loc[1:] - starts, batch.seq_lens, rows])
         return CpuMetadata(_int64(batch.slot_mapping), _int64(requests), _int64(batch.block_table), batch.block_size,
-                           batch.sliding_window or 0, False, singles)
+                           batch.sliding_window or 0, False)
 
     def build_uniform_metadata(self, batch: UniformBatch) -> CpuMetadata:
         _, _, slot_mapping = uniform_slots(batch)
         rows = torch.arange(batch.q_lens.shape[0])
         requests = torch.stack([rows * batch.width, batch.q_lens, batch.seq_lens, rows])
         return CpuMetadata(_int64(slot_mapping), _int64(requests), _int64(batch.block_table), batch.block_size,
-                           batch.sliding_window or 0, True, [])
+                           batch.sliding_window or 0, True)
 
     def forward(self, q, k, v, kv_cache, meta: CpuMetadata):
         num_tokens, num_heads, head_dim = q.shape
@@ -108,6 +112,4 @@ class CpuBackend(AttentionBackend):
                               num_kv_heads, head_dim, head_dim ** -0.5, *meta.kernel_args, torch.get_num_threads())
         if status != 0:
             raise MemoryError("paged attention kernel: out of memory for its work buffers")
-        if meta.singles:
-            attend_singles(q, kv_cache[0], kv_cache[1], meta.singles, out)
         return out if q.dtype is torch.float32 else out.to(q.dtype)
