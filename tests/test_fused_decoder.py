@@ -10,6 +10,7 @@ import pytest
 import torch
 from engine_helpers import run_counting_preemptions
 from test_gguf_quantized import write_quantized_gguf
+from test_quant_kernels import NEEDS_MEDIUM
 
 from eyas import LLM, SamplingParams
 from eyas.model import quantized as Q
@@ -62,11 +63,12 @@ def _assert_same_states(fused, modules):
         assert (aux_f is None and aux_m is None) or torch.equal(aux_f, aux_m)
 
 
-@pytest.mark.parametrize("mode", ["gguf", "int8", "bf16"])
-def test_fused_layers_equal_the_modules_bit_for_bit(tmp_path, monkeypatch, mode):
+@pytest.mark.parametrize("mode,precision", [("gguf", "highest"), ("int8", "highest"), ("bf16", "highest"),
+                                            pytest.param("gguf", "medium", marks=NEEDS_MEDIUM)])
+def test_fused_layers_equal_the_modules_bit_for_bit(tmp_path, monkeypatch, mode, precision):
     path = write_quantized_gguf(tmp_path / "q.gguf")
     # aux ids out of order, with the embeddings (0) and the last layer's output (2): the runs split at each
-    kwargs = dict(mode=mode, aux=(2, 0, 1), max_num_batched_tokens=32)
+    kwargs = dict(mode=mode, aux=(2, 0, 1), max_num_batched_tokens=32, matmul_precision=precision)
     tokens_f, states_f, runs, _ = _generate(path, monkeypatch, True, **kwargs)
     tokens_m, states_m, no_runs, _ = _generate(path, monkeypatch, False, **kwargs)
     assert runs > 0 and no_runs == 0  # the loop ran, and the reference did not use it

@@ -13,7 +13,7 @@ import torch
 from gguf.constants import GGMLQuantizationType
 from kernel_helpers import without_c_compiler
 from test_gguf import TINY_TOKENS, add_tiny_tokenizer
-from test_quant_kernels import random_weight
+from test_quant_kernels import NEEDS_MEDIUM, PRECISIONS, random_weight
 
 from eyas import LLM, SamplingParams
 from eyas.config import EngineConfig, ModelConfig
@@ -230,6 +230,28 @@ def test_an_hf_folder_gets_bf16_weights_only_where_the_cpu_has_native_bf16(tmp_p
         EngineConfig.resolve_quantization("bf16", odd, torch.device("cpu"))
 
 
+def test_matmul_precision_medium_is_refused_where_it_cannot_run(monkeypatch):
+    from eyas import kernels
+
+    with pytest.raises(ValueError, match="matmul_precision: 'low' is not one of 'highest', 'medium'"):
+        EngineConfig.resolve_matmul_precision("low", "gguf")
+    with pytest.raises(ValueError, match=r"'medium' applies to eyas's CPU kernels, .*\(quantization None\)"):
+        EngineConfig.resolve_matmul_precision("medium", None)
+    assert EngineConfig.resolve_matmul_precision("highest", None) == "highest"
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw",
+                                                                  "avx512vl"}))
+    kernels.supported_isas.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=r"'medium' needs a CPU with AVX512-BF16 \(avx512_bf16: no\)"):
+            EngineConfig.resolve_matmul_precision("medium", "gguf")
+    finally:
+        kernels.supported_isas.cache_clear()
+    if "avx2" in kernels.supported_isas() and "avx512_bf16" in kernels.cpu_flags():
+        monkeypatch.setenv("EYAS_CPU_ISA", "avx2")  # a lesser build forced: no bf16 products either
+        with pytest.raises(ValueError, match=r"avx512_bf16: yes\), eyas's AVX512 kernel build"):
+            EngineConfig.resolve_matmul_precision("medium", "int8")
+
+
 def test_without_a_compiler_auto_falls_back_and_gguf_is_refused(tmp_path, monkeypatch):
     path = write_quantized_gguf(tmp_path / "q.gguf")
     cfg = ModelConfig.from_folder(convert_gguf(path, tmp_path / "hf"), path)
@@ -240,15 +262,19 @@ def test_without_a_compiler_auto_falls_back_and_gguf_is_refused(tmp_path, monkey
             EngineConfig.resolve_quantization("gguf", cfg, torch.device("cpu"))
 
 
-def test_generation_in_gguf_mode_is_greedy_identical_with_speculation(tmp_path):
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_generation_in_gguf_mode_is_greedy_identical_with_speculation(tmp_path, precision):
     path = write_quantized_gguf(tmp_path / "q.gguf")
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     prompts = [[5, 60, 61, 200, 7, 9, 60, 61, 200], [100, 101, 102, 100, 101, 102, 100, 101]]
-    plain = LLM(str(path), quantization="gguf", kv_cache_gb=0.05, max_model_len=256)
+    common = dict(quantization="gguf", kv_cache_gb=0.05, max_model_len=256, matmul_precision=precision)
+    plain = LLM(str(path), **common)
     reference = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
-    spec = LLM(str(path), quantization="gguf", kv_cache_gb=0.05, max_model_len=256,
+    spec = LLM(str(path), **common,
                speculative_config={"method": "ngram", "num_speculative_tokens": 3, "draft_row_cost": 0.0})
-    assert [o.outputs[0].token_ids for o in spec.generate(prompts, params, use_tqdm=False)] == reference
+    outs = spec.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    assert spec.stats()["num_accepted"] > 0  # drafts were verified, and some kept
 
 
 def test_serving_a_converted_gguf_needs_neither_the_gguf_package_nor_a_tokenizer_json_copy(tmp_path, monkeypatch):
@@ -264,16 +290,20 @@ def test_serving_a_converted_gguf_needs_neither_the_gguf_package_nor_a_tokenizer
     assert out.split() == ["False", "False"]  # (test_structured_output covers the compiler once asked for)
 
 
-@pytest.mark.parametrize("mode", ["gguf", "int8", "bf16", None])
-def test_the_cost_model_prices_a_row_by_the_weight_format(tmp_path, mode):
+@pytest.mark.parametrize("mode,precision", [("gguf", "highest"), ("int8", "highest"), ("bf16", "highest"),
+                                            (None, "highest"), pytest.param("gguf", "medium", marks=NEEDS_MEDIUM)])
+def test_the_cost_model_prices_a_row_by_the_weight_format(tmp_path, mode, precision):
     # eyas's bf16 / int8 / GGUF kernels spend arithmetic on every row, float32 rows mostly share one read of the
-    # weights: the scheduler's default row cost follows the format the engine runs, and an explicit one wins.
+    # weights: the scheduler's default row cost follows the format the engine runs and its products, and an
+    # explicit one wins.
     path = write_quantized_gguf(tmp_path / "q.gguf")
     spec = {"method": "ngram", "num_speculative_tokens": 3}
-    llm = LLM(str(path), quantization=mode, kv_cache_gb=0.05, max_model_len=256, speculative_config=spec)
+    common = dict(quantization=mode, kv_cache_gb=0.05, max_model_len=256, matmul_precision=precision)
+    llm = LLM(str(path), **common, speculative_config=spec)
     cost = llm.engine.scheduler.draft_row_cost
-    assert cost == CPU_ROW_COSTS[mode]
-    assert cost(1) == 1.0 and cost(16) == {"gguf": 4.11, "int8": 4.61, "bf16": 3.36, None: 2.07}[mode]
-    told = LLM(str(path), quantization=mode, kv_cache_gb=0.05, max_model_len=256,
-               speculative_config={**spec, "draft_row_cost": 0.5})
+    assert cost == CPU_ROW_COSTS[mode, precision]
+    sixteen = {("gguf", "highest"): 4.11, ("int8", "highest"): 4.61, ("bf16", "highest"): 3.36,
+               (None, "highest"): 2.07, ("gguf", "medium"): 2.66}
+    assert cost(1) == 1.0 and cost(16) == sixteen[mode, precision]
+    told = LLM(str(path), **common, speculative_config={**spec, "draft_row_cost": 0.5})
     assert told.engine.scheduler.draft_row_cost == RowCost.linear(0.5)

@@ -1,6 +1,7 @@
 """eyas's quantized CPU kernel (``eyas/kernels/quant_gemm.c``) against float64 references built from
 the ``gguf`` package's own dequantization: every block format, tile-edge shapes, 1..300 rows, batch
-and thread invariance, and each instruction-set build this CPU runs."""
+and thread invariance, and each instruction-set build this CPU runs; at matmul precision "medium"
+(bfloat16 products), against the reference of the bf16-rounded activations and weights."""
 
 import numpy as np
 import pytest
@@ -19,6 +20,9 @@ GGML_FORMATS = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16"]
 _HALF_FIELDS = {"Q4_0": ((0, 0.1 / 8),), "Q4_1": ((0, 0.1 / 15), (2, 0.05)), "Q8_0": ((0, 0.1 / 127),),
                 "Q4_K": ((0, 0.1 / 945), (2, 0.05 / 63)), "Q5_K": ((0, 0.1 / 1953), (2, 0.05 / 63)),
                 "Q6_K": ((208, 0.1 / 4064),)}
+NEEDS_MEDIUM = pytest.mark.skipif(not Q.kernel_available("medium"),
+                                  reason="no AVX512-BF16 here: matmul precision 'medium' does not run")
+PRECISIONS = ["highest", pytest.param("medium", marks=NEEDS_MEDIUM)]
 
 
 def random_weight(fmt_name: str, n: int, k: int, seed: int = 0) -> tuple[Q.QuantWeight, np.ndarray]:
@@ -40,15 +44,22 @@ def random_weight(fmt_name: str, n: int, k: int, seed: int = 0) -> tuple[Q.Quant
     return Q.QuantWeight(torch.from_numpy(data.copy()), fmt, k), reference
 
 
-def product(x: torch.Tensor, weight: Q.QuantWeight) -> torch.Tensor:
+def product(x: torch.Tensor, weight: Q.QuantWeight, precision: str = "highest") -> torch.Tensor:
     """x @ weight^T through the layer the model uses."""
-    return Q.QuantLinear([weight])(x)
+    linear = Q.QuantLinear([weight])
+    linear.set_matmul_precision(precision)
+    return linear(x)
 
 
-def check_close(out: torch.Tensor, x: torch.Tensor, w: np.ndarray):
-    """out against x @ w^T in float64; the bound is float32 accumulation error over the terms' magnitudes."""
-    ref = x.double() @ torch.from_numpy(w).double().T
-    scale = x.double().abs() @ torch.from_numpy(w).double().abs().T
+def check_close(out: torch.Tensor, x: torch.Tensor, w: np.ndarray, precision: str = "highest"):
+    """out against x @ w^T in float64 (at "medium", of x and w rounded to bfloat16 first, to nearest even: the
+    products are then exact, only their float32 sums round); the bound is float32 accumulation error over the
+    terms' magnitudes. The bf16 roundings themselves move a product by about 1e-3 of its scale, far past it."""
+    w = torch.from_numpy(w)
+    if precision == "medium":
+        x, w = x.bfloat16(), w.bfloat16()
+    ref = x.double() @ w.double().T
+    scale = x.double().abs() @ w.double().abs().T
     err = (out.double() - ref).abs()
     assert (err <= 1e-5 * scale + 1e-30).all(), f"max error {err.max():.3g}, at scale {scale.max():.3g}"
 
@@ -62,13 +73,14 @@ def test_dequantized_rows_equal_gguf(fmt):
     assert torch.equal(Q.dequantize_rows(weight, rows), torch.from_numpy(reference[rows.numpy()]))
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("fmt", GGML_FORMATS)
 @pytest.mark.parametrize("n,k", [(1, 256), (5, 512), (17, 768)])
-def test_products_match_float64_reference(fmt, n, k):
+def test_products_match_float64_reference(fmt, n, k, precision):
     weight, reference = random_weight(fmt, n, k, seed=n)
     x = torch.randn(300, k, generator=torch.Generator().manual_seed(k))
     for rows in (1, 2, 3, 4, 5, 7, 16, 25, 300):
-        check_close(product(x[:rows].contiguous(), weight), x[:rows], reference)
+        check_close(product(x[:rows].contiguous(), weight, precision), x[:rows], reference, precision)
 
 
 @pytest.mark.parametrize("fmt", ["Q4_0", "Q8_0", "BF16"])
@@ -78,8 +90,9 @@ def test_blocks_of_32_need_no_multiple_of_256(fmt):
     check_close(product(x, weight), x, reference)
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("fmt", GGML_FORMATS)
-def test_row_results_do_not_depend_on_batch_or_threads(fmt):
+def test_row_results_do_not_depend_on_batch_or_threads(fmt, precision):
     # 263 weight rows: several panels per thread and a partial tile when all 300 rows come at once (x over the
     # kernel's PANEL_MIN_X_BYTES), tile by tile for a few rows
     weight, _ = random_weight(fmt, 263, 512)
@@ -87,18 +100,20 @@ def test_row_results_do_not_depend_on_batch_or_threads(fmt):
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        full = product(x, weight)
+        full = product(x, weight, precision)
         torch.set_num_threads(1)
-        assert torch.equal(product(x, weight), full)  # thread count
+        assert torch.equal(product(x, weight, precision), full)  # thread count
     finally:
         torch.set_num_threads(threads)
     for i in (0, 1, 2, 3, 150, 295):  # alone, and among a few other rows
-        assert torch.equal(product(x[i:i + 1].contiguous(), weight), full[i:i + 1])
-        assert torch.equal(product(x[i:i + 5].contiguous(), weight)[0], full[i])
+        assert torch.equal(product(x[i:i + 1].contiguous(), weight, precision), full[i:i + 1])
+        assert torch.equal(product(x[i:i + 5].contiguous(), weight, precision)[0], full[i])
     # as one part of a fused weight whose other part is in another format: each fills its own columns
     other = random_weight("Q4_0" if fmt == "Q8_0" else "Q8_0", 6, 512, seed=4)[0]
-    fused = Q.QuantLinear.stacked([weight, other])(x)
-    assert torch.equal(fused[:, :263], full) and torch.equal(fused[:, 263:], product(x, other))
+    fused = Q.QuantLinear.stacked([weight, other])
+    fused.set_matmul_precision(precision)
+    fused = fused(x)
+    assert torch.equal(fused[:, :263], full) and torch.equal(fused[:, 263:], product(x, other, precision))
 
 
 @pytest.mark.parametrize("isa", kernels.supported_isas())
@@ -144,7 +159,8 @@ def test_an_avx2_only_cpu_takes_the_avx2_build(monkeypatch):
         kernels.supported_isas.cache_clear()
 
 
-def test_int8_rows_round_trip_and_products():
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_int8_rows_round_trip_and_products(precision):
     w = torch.randn(40, 576)
     w[3] = 0  # an all-zero row gets scale 0, not a division by zero
     q = Q.quantize_int8(w)
@@ -152,7 +168,9 @@ def test_int8_rows_round_trip_and_products():
     assert (back - w).abs().max(dim=1).values.le(q.scale * (0.5 + 1e-4)).all()  # + the rounding of q * scale
     assert torch.equal(back[3], torch.zeros(576))
     x = torch.randn(5, 576)
-    check_close(product(x, q), x, back.numpy())
+    if precision == "medium":  # x already bfloat16, so only the sums round: the int8 values are bf16 exactly, and
+        x = x.bfloat16().float()  # the row scale multiplies the sum
+    check_close(product(x, q, precision), x, back.numpy())
 
 
 def test_shapes_a_format_cannot_hold_are_refused():

@@ -4,12 +4,20 @@ import json
 
 import pytest
 from safetensors.torch import load_file, save_file
+from test_quant_kernels import NEEDS_MEDIUM
 
 from eyas import LLM, SamplingParams
+from eyas.model import quantized as Q
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 32
 PARAMS = SamplingParams(temperature=0, max_tokens=NEW_TOKENS)
+
+
+def _weights(mode: str) -> dict:
+    """LLM keyword arguments of a mode: a quantization, with "@medium" for bfloat16 products."""
+    quantization, _, precision = mode.partition("@")
+    return dict(quantization=quantization, matmul_precision=precision or "highest")
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +31,8 @@ def setup(tmp_path_factory):
                                 "Name three colours.", "Count from 1 to 10.", "hi"]]
     prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False)[-300:] for c in convs]
     reference = {"gguf": [o.outputs[0].token_ids for o in plain.generate(prompts, PARAMS, use_tqdm=False)]}
-    for mode in ("int8", "bf16"):
-        llm = LLM(None, dtype="float32", max_model_len=512, kv_cache_gb=0.1, quantization=mode)
+    for mode in ("int8", "bf16") + (("gguf@medium",) if Q.kernel_available("medium") else ()):
+        llm = LLM(None, dtype="float32", max_model_len=512, kv_cache_gb=0.1, **_weights(mode))
         reference[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)]
     # a smaller sibling with the same vocabulary: the default model's first 6 layers, saved as its own folder
     folder = plain.engine.config.model.path
@@ -41,9 +49,12 @@ def setup(tmp_path_factory):
 
 
 @pytest.mark.parametrize("method,quantization", [("ngram", "gguf"), ("self_draft", "gguf"), ("draft_model", "gguf"),
-                                                 ("ngram", "int8"), ("self_draft", "int8"), ("ngram", "bf16")])
+                                                 ("ngram", "int8"), ("self_draft", "int8"), ("ngram", "bf16"),
+                                                 pytest.param("ngram", "gguf@medium", marks=NEEDS_MEDIUM),
+                                                 pytest.param("self_draft", "gguf@medium", marks=NEEDS_MEDIUM)])
 def test_real_model_speculative_greedy_is_identical(setup, method, quantization):
-    """In the default model's own GGUF formats, in int8 and in bf16, batch 8 and 1, prefix-cached, preempted."""
+    """In the default model's own GGUF formats (also with bfloat16 products), in int8 and in bf16, batch 8 and 1,
+    prefix-cached, preempted."""
     prompts, references, sibling = setup
     reference = references[quantization]
     config = {"ngram": {"method": "ngram", "num_speculative_tokens": 4},
@@ -51,7 +62,7 @@ def test_real_model_speculative_greedy_is_identical(setup, method, quantization)
               "draft_model": {"method": "draft_model", "num_speculative_tokens": 3, "model": sibling}}[method]
     config["draft_row_cost"] = 0.0  # every request of the batch of 8 verifies its drafts (not the CPU cost model)
     llm = LLM(None, dtype="float32", max_model_len=512, kv_cache_gb=0.1, speculative_config=config,
-              quantization=quantization)
+              **_weights(quantization))
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, PARAMS, use_tqdm=False)] == reference  # batch 8
     assert llm.generate(prompts[:1], PARAMS, use_tqdm=False)[0].outputs[0].token_ids == reference[0]  # batch 1
     # again, now hitting the prefix cache for every prompt
@@ -60,5 +71,5 @@ def test_real_model_speculative_greedy_is_identical(setup, method, quantization)
     assert [o.outputs[0].token_ids for o in outs] == reference
     assert llm.stats()["num_accepted"] > 0
     tight = LLM(None, dtype="float32", max_model_len=384, num_kv_blocks=40, max_num_batched_tokens=64,
-                speculative_config=config, quantization=quantization)  # forced preemption
+                speculative_config=config, **_weights(quantization))  # forced preemption
     assert [o.outputs[0].token_ids for o in tight.generate(prompts, PARAMS, use_tqdm=False)] == reference

@@ -44,7 +44,8 @@ class Engine:
         self.kv = KVCacheManager(groups, num_blocks, block_size, config.cache.enable_prefix_caching)
         spec = config.speculative
         device = config.device.type
-        costs = (spec.row_cost(device, config.quantization), spec.step_cost(device, self.runner.proposer)) if spec else ()
+        costs = (spec.row_cost(device, config.quantization, config.matmul_precision),
+                 spec.step_cost(device, self.runner.proposer)) if spec else ()
         self.scheduler = Scheduler(config.scheduler, self.kv, spec, *costs)
         self.outputs = OutputProcessor(tokenizer)
         # structured output: the grammar ends with the model's end-of-sequence tokens (else the tokenizer's)

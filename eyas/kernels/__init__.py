@@ -10,6 +10,8 @@ the log; callers then take a pure-PyTorch path.
 A kernel written for several instruction sets (``quant_gemm.c``) is instead built once per
 instruction set, with explicit flags, and the build for the best set this CPU has is loaded
 (``cpu_isa``); ``EYAS_CPU_ISA=avx512|avx2|portable`` forces one the CPU supports (tests use it).
+Such a kernel may also have arithmetic variants (``VARIANTS``): a separate build of the same source with
+a macro and the instructions it needs, e.g. ``quant_gemm.c``'s bfloat16 products.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ ISA_BUILDS = {
                ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"]),
     "avx2": (("avx2", "fma", "f16c"), ["-mavx2", "-mfma", "-mf16c"]),
     "portable": ((), []),
+}
+# arithmetic variant -> (the instruction set it builds on, the /proc/cpuinfo flags it needs besides, compiler flags)
+VARIANTS = {
+    "bf16_products": ("avx512", ("avx512_bf16",), ["-mavx512bf16", "-DEYAS_BF16_PRODUCTS"]),
 }
 
 
@@ -94,11 +100,18 @@ def _build(source: Path, cc: str, flags: list[str]) -> Path | None:
     return target
 
 
+def variant_supported(variant: str) -> bool:
+    """Whether this CPU runs the variant's build (its instruction set is ``cpu_isa()`` and its flags are there)."""
+    isa, needs, _ = VARIANTS[variant]
+    return cpu_isa() == isa and all(f in cpu_flags() for f in needs)
+
+
 @functools.cache
-def load(name: str, isa: str | None = None) -> ctypes.CDLL | None:
+def load(name: str, isa: str | None = None, variant: str | None = None) -> ctypes.CDLL | None:
     """The kernel library ``eyas/kernels/<name>.c``, built if needed; None if it cannot be built.
 
-    With ``isa`` (a key of ``ISA_BUILDS``), it is built for that instruction set instead of ``-march=native``."""
+    With ``isa`` (a key of ``ISA_BUILDS``), it is built for that instruction set instead of ``-march=native``;
+    with ``variant`` (a key of ``VARIANTS``, whose instruction set ``isa`` must be), also with its flags."""
     import torch  # noqa: F401  (PyTorch's libgomp must be loaded first, so the kernel's OpenMP binds to it)
 
     candidates = [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc"]
@@ -107,7 +120,9 @@ def load(name: str, isa: str | None = None) -> ctypes.CDLL | None:
         logger.warning("no C compiler (%s) found: the native %s kernel is off, PyTorch ops are used instead",
                        " or ".join(candidates), name)
         return None
-    flag_sets = _FLAG_SETS if isa is None else [["-O3", *ISA_BUILDS[isa][1], "-fopenmp"]]
+    extra = [] if variant is None else VARIANTS[variant][2]
+    assert variant is None or VARIANTS[variant][0] == isa, (variant, isa)
+    flag_sets = _FLAG_SETS if isa is None else [["-O3", *ISA_BUILDS[isa][1], *extra, "-fopenmp"]]
     for flags in flag_sets:
         path = _build(_SOURCES / f"{name}.c", cc, flags)
         if path is not None:
@@ -117,10 +132,11 @@ def load(name: str, isa: str | None = None) -> ctypes.CDLL | None:
     return None
 
 
-def entry(name: str, *argtypes, function: str | None = None, isa: str | None = None) -> ctypes._CFuncPtr | None:
+def entry(name: str, *argtypes, function: str | None = None, isa: str | None = None,
+          variant: str | None = None) -> ctypes._CFuncPtr | None:
     """The C function ``eyas_<function or name>`` of ``eyas/kernels/<name>.c``, returning int and
-    taking ``argtypes`` (ctypes types); None if the kernel cannot be built. ``isa``: as for ``load``."""
-    lib = load(name, isa)
+    taking ``argtypes`` (ctypes types); None if the kernel cannot be built. ``isa``, ``variant``: as for ``load``."""
+    lib = load(name, isa, variant)
     if lib is None:
         return None
     fn = getattr(lib, f"eyas_{function or name}")

@@ -28,7 +28,14 @@
    Every output element is one 16-lane accumulator summed over k in order with exactly rounded
    fused multiply-adds, reduced in one fixed tree: the result does not depend on the thread count,
    on the other rows of x, or on which instruction set ran it. The AVX512, AVX2 and portable builds of this file give the same
-   bits (the portable build's fmaf is exact too, only slower). */
+   bits (the portable build's fmaf is exact too, only slower).
+
+   Built with EYAS_BF16_PRODUCTS (and -mavx512bf16), the products take bfloat16 inputs instead, as PyTorch's
+   float32 matmul precision "medium" allows: each row of x is rounded to bfloat16 once per call, each decoded
+   weight (gguf's float32 value) is rounded to bfloat16 (round to nearest even; BF16 weights and I8_ROW's
+   integers stay exact), and a sub-block's 32 products are summed in pairs by one vdpbf16ps into the same 16
+   float32 lanes: half the instructions of the float32 FMAs. The order is again fixed, so a row's result still does
+   not depend on the batch or the thread count; it differs from the float32 build's by the bf16 roundings. */
 #pragma GCC optimize("fp-contract=off")
 #include <math.h>
 #include <stdint.h>
@@ -37,6 +44,10 @@
 #include <omp.h>
 #if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
+#endif
+
+#if defined(EYAS_BF16_PRODUCTS) && !defined(__AVX512BF16__)
+#error "EYAS_BF16_PRODUCTS needs -mavx512bf16"
 #endif
 
 enum { F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30, I8_ROW = 1000 };
@@ -449,6 +460,28 @@ static inline __attribute__((always_inline)) void weights(const int type, const 
     }
 }
 
+/* What the products read: activations (x) and a sub-block's 32 weights, float32 or (EYAS_BF16_PRODUCTS) bfloat16. */
+#if defined(EYAS_BF16_PRODUCTS)
+typedef uint16_t act_t; /* bfloat16 bits */
+typedef struct {
+    __m512bh w; /* weights 0..31 of the sub-block, in order */
+} __attribute__((aligned(64))) wprod_t;
+#else
+typedef float act_t;
+typedef wsub_t wprod_t;
+#endif
+
+static inline __attribute__((always_inline)) void prod_weights(const int type, const uint8_t *row, int64_t sb,
+                                                             int64_t nsub, const float *sc, wprod_t *out) {
+#if defined(EYAS_BF16_PRODUCTS)
+    wsub_t d;
+    weights(type, row, sb, nsub, sc, &d);
+    out->w = _mm512_cvtne2ps_pbh((__m512)d.w[1], (__m512)d.w[0]); /* d.w[0] -> elements 0..15 */
+#else
+    weights(type, row, sb, nsub, sc, out);
+#endif
+}
+
 /* out[m, j] for j < NB weight rows (stride rb) and m < MB rows of x (stride ldx). The weight rows are
    decoded here (pre == NULL) or were decoded into pre[j * nsub + sb]: the values, and so the
    arithmetic, are the same either way. */
@@ -515,9 +548,9 @@ static inline __attribute__((always_inline)) void reduce_tile(v16f acc[TILE_N][T
 }
 #endif
 
-static inline __attribute__((always_inline)) void tile(const int type, const int NB, const int MB, const float *x,
+static inline __attribute__((always_inline)) void tile(const int type, const int NB, const int MB, const act_t *x,
                                                      int64_t ldx, int64_t nsub, const uint8_t *w, int64_t rb,
-                                                     const float *sc, const wsub_t *pre, const float *row_scale,
+                                                     const float *sc, const wprod_t *pre, const float *row_scale,
                                                      float *out, int64_t ldo, const uint8_t *pf, int64_t pf_bytes) {
     acc_t acc[TILE_N][TILE_M][GROUPS];
     for (int j = 0; j < NB; j++)
@@ -526,19 +559,22 @@ static inline __attribute__((always_inline)) void tile(const int type, const int
     const int64_t share = line_share(pf_bytes, nsub);
     for (int64_t sb = 0; sb < nsub; sb++) {
         prefetch_share(pf, pf_bytes, sb, share); /* nothing when pf_bytes is 0 */
-        wsub_t fresh[TILE_N];
-        const wsub_t *d[TILE_N];
+        wprod_t fresh[TILE_N];
+        const wprod_t *d[TILE_N];
         for (int j = 0; j < NB; j++) {
             if (pre) {
                 d[j] = pre + j * nsub + sb;
             } else {
-                weights(type, w + j * rb, sb, nsub, sc + j * 3 * nsub, &fresh[j]);
+                prod_weights(type, w + j * rb, sb, nsub, sc + j * 3 * nsub, &fresh[j]);
                 d[j] = &fresh[j];
             }
         }
         for (int m = 0; m < MB; m++) {
-            const float *xs = x + m * ldx + SUB * sb;
-#if GROUPS == 1
+            const act_t *xs = x + m * ldx + SUB * sb;
+#if defined(EYAS_BF16_PRODUCTS)
+            __m512bh xb = (__m512bh)_mm512_loadu_si512((const void *)xs);
+            for (int j = 0; j < NB; j++) acc[j][m][0] = (v16f)_mm512_dpbf16_ps((__m512)acc[j][m][0], d[j]->w, xb);
+#elif GROUPS == 1
             v16f x0 = load16(xs), x1 = load16(xs + 16);
             for (int j = 0; j < NB; j++) acc[j][m][0] = fma16(d[j]->w[1], x1, fma16(d[j]->w[0], x0, acc[j][m][0]));
 #else
@@ -570,9 +606,9 @@ static inline __attribute__((always_inline)) void tile(const int type, const int
 
 /* tile() over mb <= TILE_M rows of x in one pass (the rows left after whole groups too: a k = 1 or k = 2
    verification without the buffer decodes the tile once, not once per row) */
-static inline __attribute__((always_inline)) void tile_rows(const int type, const int NB, int64_t mb, const float *x,
+static inline __attribute__((always_inline)) void tile_rows(const int type, const int NB, int64_t mb, const act_t *x,
                                                           int64_t ldx, int64_t nsub, const uint8_t *w, int64_t rb,
-                                                          const float *sc, const wsub_t *pre, const float *row_scale,
+                                                          const float *sc, const wprod_t *pre, const float *row_scale,
                                                           float *out, int64_t ldo, const uint8_t *pf, int64_t pf_bytes) {
     switch (mb) {
     case TILE_M: tile(type, NB, TILE_M, x, ldx, nsub, w, rb, sc, pre, row_scale, out, ldo, pf, pf_bytes); break;
@@ -588,13 +624,13 @@ static inline __attribute__((always_inline)) void tile_rows(const int type, cons
 
 /* a weight row decoded into buf [nsub], from its scales sc (row_scales) */
 static inline __attribute__((always_inline)) void decode_row(const int type, const uint8_t *row, int64_t nsub,
-                                                           const float *sc, wsub_t *buf) {
-    for (int64_t sb = 0; sb < nsub; sb++) weights(type, row, sb, nsub, sc, &buf[sb]);
+                                                           const float *sc, wprod_t *buf) {
+    for (int64_t sb = 0; sb < nsub; sb++) prod_weights(type, row, sb, nsub, sc, &buf[sb]);
 }
 
 /* a thread's working memory: decoded tiles (row counts past TILE_M: one tile, or a panel), row scales */
 typedef struct {
-    wsub_t *buf;
+    wprod_t *buf;
     float *sc;
 } scratch_t;
 
@@ -606,13 +642,13 @@ typedef struct {
 #define PANEL_BYTES (256 * 1024)
 #define PANEL_TILES_MAX 32
 static int64_t panel_tiles(int64_t nsub) {
-    int64_t fit = PANEL_BYTES / ((int64_t)sizeof(wsub_t) * TILE_N * nsub);
+    int64_t fit = PANEL_BYTES / ((int64_t)sizeof(wprod_t) * TILE_N * nsub);
     return fit < 1 ? 1 : fit > PANEL_TILES_MAX ? PANEL_TILES_MAX : fit;
 }
 
 /* tiles: how many decoded tiles buf holds (0: none, the few-rows regime) */
 static int scratch_alloc(scratch_t *s, int64_t nsub, int64_t tiles) {
-    s->buf = tiles ? aligned_alloc(64, sizeof(wsub_t) * TILE_N * nsub * tiles) : NULL;
+    s->buf = tiles ? aligned_alloc(64, sizeof(wprod_t) * TILE_N * nsub * tiles) : NULL;
     s->sc = malloc(sizeof(float) * 3 * TILE_N * nsub);
     return (tiles && !s->buf) || !s->sc;
 }
@@ -639,7 +675,7 @@ static void scratch_free(scratch_t *s) {
    step went from 19.8 to 9.5 ms (2 threads). More rows decode the tile into buf first, and ask for a
    row ahead at a time as before: spread over that decoding, 5 rows of Q4_1 took 440 us, not 310. */
 #define PREFETCH_TILES 2
-static inline __attribute__((always_inline)) void rows(const int type, const int NB, const float *x, int64_t ldx,
+static inline __attribute__((always_inline)) void rows(const int type, const int NB, const act_t *x, int64_t ldx,
                                                      int64_t m_len, int64_t nsub, const uint8_t *w, int64_t rb,
                                                      int64_t next_rows, scratch_t *scratch, const float *row_scale,
                                                      float *out, int64_t ldo) {
@@ -650,7 +686,7 @@ static inline __attribute__((always_inline)) void rows(const int type, const int
         if (m_len > TILE_M && j < ahead_rows) prefetch_share(pf + j * rb, rb, 0, rb);
         row_scales(type, w + j * rb, nsub, scratch->sc + j * 3 * nsub);
     }
-    const wsub_t *pre = NULL;
+    const wprod_t *pre = NULL;
     if (m_len > TILE_M) {
         for (int j = 0; j < NB; j++)
             decode_row(type, w + j * rb, nsub, scratch->sc + j * 3 * nsub, scratch->buf + j * nsub);
@@ -666,7 +702,7 @@ static inline __attribute__((always_inline)) void rows(const int type, const int
    panel and stays in L1 while the panel (in L2) is swept. Tile by tile instead, all of x streamed past
    every tile from L3: a 1586-row prefill product ran at 20 GMAC/s on one core. Each output is the
    same tile() sum as in rows(), so the bits do not change. */
-static inline __attribute__((always_inline)) void panel(const int type, int64_t np, const float *x, int64_t ldx,
+static inline __attribute__((always_inline)) void panel(const int type, int64_t np, const act_t *x, int64_t ldx,
                                                       int64_t m_len, int64_t nsub, const uint8_t *w, int64_t rb,
                                                       scratch_t *scratch, const float *row_scale, float *out,
                                                       int64_t ldo) {
@@ -677,7 +713,7 @@ static inline __attribute__((always_inline)) void panel(const int type, int64_t 
     for (int64_t m = 0; m < m_len; m += TILE_M) {
         int64_t mb = m_len - m < TILE_M ? m_len - m : TILE_M;
         for (int64_t p = 0; p < np; p++) {
-            const wsub_t *pre = scratch->buf + p * TILE_N * nsub;
+            const wprod_t *pre = scratch->buf + p * TILE_N * nsub;
             const float *rs = row_scale ? row_scale + p * TILE_N : NULL;
             float *o = out + m * ldo + p * TILE_N;
             tile_rows(type, TILE_N, mb, x + m * ldx, ldx, nsub, NULL, rb, NULL, pre, rs, o, ldo, NULL, 0);
@@ -686,7 +722,7 @@ static inline __attribute__((always_inline)) void panel(const int type, int64_t 
 }
 
 #define GEMM_FOR(TYPE)                                                                                           \
-    static int gemm_##TYPE(const float *x, int64_t ldx, const uint8_t *weight, const float *row_scale,         \
+    static int gemm_##TYPE(const act_t *x, int64_t ldx, const uint8_t *weight, const float *row_scale,         \
                            float *out, int64_t ldo, int64_t m_len, int64_t n_len, int64_t k_len,              \
                            int num_threads) {                                                                 \
         int64_t rb = row_bytes(TYPE, k_len), nsub = k_len / SUB, tiles = (n_len + TILE_N - 1) / TILE_N;        \
@@ -694,7 +730,7 @@ static inline __attribute__((always_inline)) void panel(const int type, int64_t 
         _Pragma("omp parallel num_threads(num_threads)")                                                      \
         {                                                                                                     \
             scratch_t scratch;                                                                                \
-            int64_t np_max = m_len * k_len * 4 > PANEL_MIN_X_BYTES ? panel_tiles(nsub) : 0;                     \
+            int64_t np_max = m_len * k_len * (int64_t)sizeof(act_t) > PANEL_MIN_X_BYTES ? panel_tiles(nsub) : 0; \
             if (scratch_alloc(&scratch, nsub, np_max ? np_max : m_len > TILE_M)) { /* rows(): one tile */      \
                 _Pragma("omp atomic write")                                                                   \
                 failed = 1;                                                                                   \
@@ -737,23 +773,46 @@ GEMM_FOR(Q4_K)
 GEMM_FOR(Q5_K)
 GEMM_FOR(Q6_K)
 
+#define SMALL_X 16384 /* bfloat16 activations converted on the stack (32 KiB): up to 8 rows of K = 2048 */
+
 /* Returns 0, or -1 for an unknown type, a K the format cannot hold, or no memory. */
 int eyas_quant_gemm(const float *x, int64_t ldx, const uint8_t *weight, int type, const float *row_scale, float *out,
                     int64_t ldo, int64_t m_len, int64_t n_len, int64_t k_len, int num_threads) {
     int bs = block_size(type);
     if (bs == 0 || k_len % bs != 0 || (type == I8_ROW && row_scale == NULL)) return -1;
+#if defined(EYAS_BF16_PRODUCTS)
+    /* x rounded to bfloat16, row stride K: a few rows (decode steps) on the stack, converted here; more in a
+       buffer, converted by the threads (a parallel region and an allocation cost more than a row's conversion) */
+    _Alignas(64) act_t small[SMALL_X];
+    int few = m_len * k_len <= SMALL_X;
+    act_t *xb = few ? small : aligned_alloc(64, (size_t)(m_len * k_len * 2 + 64));
+    if (!xb) return -1;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (!few)
+    for (int64_t m = 0; m < m_len; m++)
+        for (int64_t k = 0; k < k_len; k += 32) {
+            __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + m * ldx + k + 16), _mm512_loadu_ps(x + m * ldx + k));
+            _mm512_storeu_si512((void *)(xb + m * k_len + k), (__m512i)v);
+        }
+    const act_t *xa = xb;
+    ldx = k_len;
+#else
+    const act_t *xa = x;
+#endif
     int status = -1;
     switch (type) {
-    case F16: status = gemm_F16(x, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case BF16: status = gemm_BF16(x, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case I8_ROW: status = gemm_I8_ROW(x, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case Q4_0: status = gemm_Q4_0(x, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case Q4_1: status = gemm_Q4_1(x, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case Q8_0: status = gemm_Q8_0(x, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case Q4_K: status = gemm_Q4_K(x, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case Q5_K: status = gemm_Q5_K(x, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case Q6_K: status = gemm_Q6_K(x, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case F16: status = gemm_F16(xa, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case BF16: status = gemm_BF16(xa, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case I8_ROW: status = gemm_I8_ROW(xa, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case Q4_0: status = gemm_Q4_0(xa, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case Q4_1: status = gemm_Q4_1(xa, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case Q8_0: status = gemm_Q8_0(xa, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case Q4_K: status = gemm_Q4_K(xa, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case Q5_K: status = gemm_Q5_K(xa, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    case Q6_K: status = gemm_Q6_K(xa, ldx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
     }
+#if defined(EYAS_BF16_PRODUCTS)
+    if (!few) free(xb);
+#endif
     return status;
 }
 

@@ -35,8 +35,10 @@ def safetensors_files(folder: Path) -> list[Path]:
 
 
 def load_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int,
-               aux_layer_ids: tuple[int, ...] = (), quantization: str | None = None) -> torch.nn.Module:
-    """Instantiate the architecture and fill every parameter; a missing tensor is an error."""
+               aux_layer_ids: tuple[int, ...] = (), quantization: str | None = None,
+               matmul_precision: str = "highest") -> torch.nn.Module:
+    """Instantiate the architecture and fill every parameter; a missing tensor is an error. ``matmul_precision``:
+    the products of the quantized weights (``eyas.model.quantized.MATMUL_PRECISIONS``)."""
     with torch.device("meta"):
         model = model_class(cfg.architecture)(cfg, max_positions, aux_layer_ids)
     quantized = _install_gguf_weights(model, cfg, dtype) if quantization == "gguf" else set()
@@ -75,6 +77,10 @@ def load_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_p
         linears_to_int8(model)
     elif quantization == "bf16":
         _install_bf16(model, dtype)
+    if matmul_precision != "highest":
+        for module in model.modules():
+            if isinstance(module, QuantLinear):
+                module.set_matmul_precision(matmul_precision)
     return model
 
 

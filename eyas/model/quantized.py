@@ -9,6 +9,11 @@ input is widened, the output rounded back).
 The products run in ``eyas/kernels/quant_gemm.c``, built for the best instruction set the CPU has
 (``eyas.kernels.cpu_isa``): every output is summed in one fixed order, so a row's result does not
 depend on the batch, the thread count or the instruction set.
+
+Matmul precision (``MATMUL_PRECISIONS``, PyTorch's names for its float32 matmuls): ``"highest"``
+multiplies the float32 activations by the weights' float32 values; ``"medium"`` rounds both to
+bfloat16 and sums the products in float32 with AVX512-BF16 dot products (half the instructions), on
+CPUs that have them. A row's result still does not depend on the batch or the thread count.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ FORMATS = {f.name: f for f in (
     Format("I8_ROW", 1000, 1, 1),
 )}
 KERNEL_ALIGN = 32  # rows are decoded 32 weights at a time
+MATMUL_PRECISIONS = {"highest": None, "medium": "bf16_products"}  # -> the kernel's arithmetic variant
 
 
 @dataclass
@@ -104,29 +110,35 @@ def quantize_int8(weight: torch.Tensor) -> QuantWeight:
 
 
 @functools.cache
-def _kernel(isa: str) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr] | None:
+def _kernel(isa: str, variant: str | None = None) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr] | None:
     from eyas import kernels
 
     ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    gemm = kernels.entry("quant_gemm", ptr, i64, ptr, i32, ptr, ptr, i64, i64, i64, i64, i32, isa=isa)
-    rows = kernels.entry("quant_gemm", ptr, i32, ptr, ptr, i64, i64, ptr, i32, function="quant_rows", isa=isa)
+    gemm = kernels.entry("quant_gemm", ptr, i64, ptr, i32, ptr, ptr, i64, i64, i64, i64, i32, isa=isa, variant=variant)
+    rows = kernels.entry("quant_gemm", ptr, i32, ptr, ptr, i64, i64, ptr, i32, function="quant_rows", isa=isa,
+                         variant=variant)
     return None if gemm is None else (gemm, rows)
 
 
-def kernel_available() -> bool:
-    """Whether the quantized kernel builds here (a C compiler is needed)."""
+def kernel_available(precision: str = "highest") -> bool:
+    """Whether the quantized kernel builds here (a C compiler is needed) at this matmul precision (``"medium"``:
+    only on a CPU with AVX512-BF16, and without ``EYAS_CPU_ISA`` forcing a lesser instruction set)."""
+    from eyas.kernels import cpu_isa, variant_supported
+
+    variant = MATMUL_PRECISIONS[precision]
+    if variant is not None and not variant_supported(variant):
+        return False
+    return _kernel(cpu_isa(), variant) is not None
+
+
+def _entries(precision: str = "highest"):
     from eyas.kernels import cpu_isa
 
-    return _kernel(cpu_isa()) is not None
-
-
-def _entries():
-    from eyas.kernels import cpu_isa
-
-    found = _kernel(cpu_isa())
+    found = _kernel(cpu_isa(), MATMUL_PRECISIONS[precision]) if kernel_available(precision) else None
     if found is None:
-        raise RuntimeError("quantization: eyas's quantized CPU kernel could not be built (no C compiler?); "
-                           "load the model with quantization=None")
+        raise RuntimeError(f"quantization: eyas's quantized CPU kernel at matmul precision {precision!r} could not be "
+                           "built here (no C compiler, or no AVX512-BF16 for 'medium'); load the model with "
+                           "quantization=None or matmul_precision='highest'")
     return found
 
 
@@ -184,6 +196,10 @@ class QuantLinear(nn.Module):
             else:
                 runs.append([part])
         return cls([QuantWeight.cat(run, arena) for run in runs], bias)
+
+    def set_matmul_precision(self, precision: str) -> None:
+        """Multiply at this precision (a key of ``MATMUL_PRECISIONS``) from now on."""
+        self.gemm = _entries(precision)[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         plain = x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()

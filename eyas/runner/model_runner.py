@@ -66,7 +66,7 @@ class ModelRunner:
         self.device = config.device
         spec = config.speculative
         self.model = load_model(config.model, config.dtype, config.device, config.max_positions,
-                                quantization=config.quantization)
+                                quantization=config.quantization, matmul_precision=config.matmul_precision)
         self.backend = get_backend(attention_backend or default_backend(config.device))
         self.sampler = Sampler()
         self.block_size = config.cache.block_size

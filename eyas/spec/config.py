@@ -23,13 +23,18 @@ VERIFICATION_MODES = ("rejection", "shared_noise")
 # bytes and decode every weight in registers, multiplying it into each row with float32 FMAs, so rows cost
 # their arithmetic (16 rows: 3.36x, 4.61x and 4.11x). Up to 4 rows share one register tile; past it a decoded
 # tile goes through memory, the step between 4 and 5 rows. (Intel Sapphire Rapids, GGUF: 1.09, 1.22, 1.30 for
-# 2-4 rows, 1.89 for 5, 3.24 for 16.)
+# 2-4 rows, 1.89 for 5, 3.24 for 16.) Matmul precision "medium" (bfloat16 products, half the instructions) makes
+# rows cheaper: measured the same way on Zen 4 on 2026-11-27 (gguf: the mean of two runs; bf16's 3-row figure,
+# 1.08, held at its 2-row 1.10); the GGUF curve at "highest" measured beside it was 1.11 1.27 1.38 1.86 ... 3.57.
 _ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
-CPU_ROW_COSTS = {fmt: RowCost(tuple(zip(_ROWS, costs))) for fmt, costs in {
-    None: (1.00, 1.01, 1.04, 1.07, 1.12, 1.20, 1.36, 1.52, 1.71, 2.07),
-    "bf16": (1.00, 1.09, 1.16, 1.18, 2.11, 2.16, 2.41, 2.67, 2.87, 3.36),
-    "int8": (1.00, 1.00, 1.09, 1.23, 2.42, 2.63, 3.02, 3.38, 3.80, 4.61),
-    "gguf": (1.00, 1.12, 1.35, 1.47, 2.07, 2.18, 2.53, 2.87, 3.26, 4.11)}.items()}
+CPU_ROW_COSTS = {key: RowCost(tuple(zip(_ROWS, costs))) for key, costs in {  # (quantization, matmul precision)
+    (None, "highest"): (1.00, 1.01, 1.04, 1.07, 1.12, 1.20, 1.36, 1.52, 1.71, 2.07),
+    ("bf16", "highest"): (1.00, 1.09, 1.16, 1.18, 2.11, 2.16, 2.41, 2.67, 2.87, 3.36),
+    ("int8", "highest"): (1.00, 1.00, 1.09, 1.23, 2.42, 2.63, 3.02, 3.38, 3.80, 4.61),
+    ("gguf", "highest"): (1.00, 1.12, 1.35, 1.47, 2.07, 2.18, 2.53, 2.87, 3.26, 4.11),
+    ("bf16", "medium"): (1.00, 1.10, 1.10, 1.11, 1.55, 1.65, 1.81, 1.97, 2.15, 2.40),
+    ("int8", "medium"): (1.00, 1.04, 1.06, 1.13, 1.83, 1.97, 2.26, 2.57, 2.71, 3.21),
+    ("gguf", "medium"): (1.00, 1.09, 1.16, 1.30, 1.59, 1.66, 1.79, 2.06, 2.28, 2.66)}.items()}
 
 
 @dataclass(frozen=True)
@@ -95,12 +100,12 @@ class SpeculativeConfig:
         suffix = self.suffix_config
         return max(self.num_speculative_tokens, suffix.num_speculative_tokens if suffix else 0)
 
-    def row_cost(self, device_type: str, quantization: str | None) -> RowCost:
-        """``draft_row_cost``'s line, else the cost for the device and the target's weight format
-        (``EngineConfig.quantization``)."""
+    def row_cost(self, device_type: str, quantization: str | None, matmul_precision: str = "highest") -> RowCost:
+        """``draft_row_cost``'s line, else the cost for the device and the target's weight format and products
+        (``EngineConfig.quantization``, ``EngineConfig.matmul_precision``)."""
         if self.draft_row_cost is not None:
             return RowCost.linear(self.draft_row_cost)
-        return CPU_ROW_COSTS[quantization] if device_type == "cpu" else FREE_ROWS
+        return CPU_ROW_COSTS[(quantization, matmul_precision)] if device_type == "cpu" else FREE_ROWS
 
     def step_cost(self, device_type: str, proposer) -> float:
         return self.draft_step_cost if self.draft_step_cost is not None else proposer.step_cost(device_type)
