@@ -170,7 +170,8 @@ def _acceptance(args, common: dict, prompts, params, method: str, folder: str) -
 def trained(args) -> int:
     # (method, folder) pairs: several folders of one method are each measured
     drafters = [tuple(d.split("=", 1)) for d in args.drafter] if args.drafter else [("eagle3", str(shipped_drafter("eagle3")))]
-    common = dict(dtype="float32", max_model_len=2048, kv_cache_gb=0.5, enable_prefix_caching=False, max_num_seqs=64)
+    common = dict(dtype="float32", max_model_len=2048, kv_cache_gb=0.5, enable_prefix_caching=False, max_num_seqs=64,
+                  matmul_precision=args.matmul_precision)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     plain = LLM(args.model, **common)
     tok = plain.get_tokenizer()
@@ -251,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suffix", action="store_true",
                    help="also time the drafter with suffix decoding in front of it (enable_suffix_decoding)")
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--matmul-precision", default="highest", choices=["highest", "medium"],
+                   help="the target's products, plain and speculative alike (medium: bfloat16, AVX512-BF16 CPUs)")
     p.add_argument("--export", default=None,
                    help="--random: also keep the drafters and write prompts.json here (for peer_vllm.py --spec-model)")
     args = p.parse_args(argv)
@@ -266,7 +269,8 @@ def random_drafters(args) -> int:
     args.k = args.k or 3
     sizes = args.batch_sizes
     target_path = resolve_model(args.model)
-    common = dict(dtype="float32", max_model_len=1024, kv_cache_gb=0.5, enable_prefix_caching=False)
+    common = dict(dtype="float32", max_model_len=1024, kv_cache_gb=0.5, enable_prefix_caching=False,
+                  matmul_precision=args.matmul_precision)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.export or tmp)

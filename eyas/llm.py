@@ -76,8 +76,9 @@ class LLM:
         dev = EngineConfig.resolve_device(device)
         max_len = max_model_len_for(model_config, max_model_len)
         quantization, why = EngineConfig.resolve_quantization(quantization, model_config, dev, dtype)
-        logger.info("weights: %s (%s)", quantization or "engine dtype", why)
         matmul_precision = EngineConfig.resolve_matmul_precision(matmul_precision, quantization)
+        logger.info("weights: %s (%s)%s", quantization or "engine dtype", why,
+                    "; matmul precision medium: bfloat16 products" if matmul_precision == "medium" else "")
         config = EngineConfig(
             model=model_config,
             cache=CacheConfig(block_size, kv_cache_gb, num_kv_blocks, enable_prefix_caching),
