@@ -120,21 +120,24 @@ def _kernel(isa: str, variant: str | None = None) -> tuple[ctypes._CFuncPtr, cty
     return None if gemm is None else (gemm, rows)
 
 
-def kernel_available(precision: str = "highest") -> bool:
-    """Whether the quantized kernel builds here (a C compiler is needed) at this matmul precision (``"medium"``:
-    only on a CPU with AVX512-BF16, and without ``EYAS_CPU_ISA`` forcing a lesser instruction set)."""
+def _find(precision: str):
+    """The kernel's (gemm, rows) entries at this matmul precision, or None where they do not run here."""
     from eyas.kernels import cpu_isa, variant_supported
 
     variant = MATMUL_PRECISIONS[precision]
     if variant is not None and not variant_supported(variant):
-        return False
-    return _kernel(cpu_isa(), variant) is not None
+        return None
+    return _kernel(cpu_isa(), variant)
+
+
+def kernel_available(precision: str = "highest") -> bool:
+    """Whether the quantized kernel builds here (a C compiler is needed) at this matmul precision (``"medium"``:
+    only on a CPU with AVX512-BF16, and without ``EYAS_CPU_ISA`` forcing a lesser instruction set)."""
+    return _find(precision) is not None
 
 
 def _entries(precision: str = "highest"):
-    from eyas.kernels import cpu_isa
-
-    found = _kernel(cpu_isa(), MATMUL_PRECISIONS[precision]) if kernel_available(precision) else None
+    found = _find(precision)
     if found is None:
         raise RuntimeError(f"quantization: eyas's quantized CPU kernel at matmul precision {precision!r} could not be "
                            "built here (no C compiler, or no AVX512-BF16 for 'medium'); load the model with "
