@@ -260,6 +260,8 @@ def test_without_a_compiler_auto_falls_back_and_gguf_is_refused(tmp_path, monkey
         assert choice is None and "could not be built" in why
         with pytest.raises(ValueError, match="needs eyas's quantized CPU kernel, which could not be built"):
             EngineConfig.resolve_quantization("gguf", cfg, torch.device("cpu"))
+        with pytest.raises(ValueError, match="'medium' needs a CPU with AVX512-BF16 .* and a C compiler"):
+            EngineConfig.resolve_matmul_precision("medium", "gguf")
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
