@@ -44,6 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model folder or .gguf (default: built-in SmolLM2-135M)")
     p.add_argument("--quantization", default="auto", help="the target's weight format, as LLM(quantization=...)")
+    p.add_argument("--matmul-precision", default="highest", choices=["highest", "medium"],
+                   help="the target's products: the outputs replayed and the row-cost curve")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--k", type=int, default=8, help="ngram num_speculative_tokens")
@@ -127,7 +129,8 @@ def replay(proposer, requests: list[tuple[list[int], list[int], object]], k: int
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    llm = LLM(args.model, quantization=args.quantization, num_threads=args.threads, enable_prefix_caching=False)
+    llm = LLM(args.model, quantization=args.quantization, num_threads=args.threads, enable_prefix_caching=False,
+              matmul_precision=args.matmul_precision)
     config = llm.engine.config
     methods = {"ngram": {"num_speculative_tokens": args.k, "prompt_lookup_min": args.lookup_min,
                          "prompt_lookup_max": args.lookup_max},
