@@ -1,5 +1,6 @@
-"""What the benchmark scripts share (imported as a sibling module): argument types, and the CPU line each
-prints (the CPU differs between machines; a figure means little without the flags it ran with)."""
+"""What the benchmark scripts share (imported as a sibling module): argument types, the weight modes they name,
+and the CPU line each prints (the CPU differs between machines; a figure means little without the flags it ran
+with)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ from eyas.kernels import cpu_flags, cpu_isa
 
 SHOWN_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni",
                "amx_bf16", "amx_int8")
+
+
+def weight_mode(spec: str) -> dict:
+    """``LLM`` keyword arguments of a weight mode as the scripts' ``--modes`` name it: a quantization (``none`` = the
+    engine dtype), then ``@medium`` for bfloat16 products. ``"gguf@medium"`` -> quantization "gguf", matmul
+    precision "medium"; ``"int8"`` -> quantization "int8", precision "highest"."""
+    quantization, _, precision = spec.partition("@")
+    return {"quantization": None if quantization == "none" else quantization, "matmul_precision": precision or "highest"}
 
 
 def batch_sizes(text: str) -> list[int]:

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 import torch
-from bench_common import batch_sizes, cpu_line
+from bench_common import batch_sizes, cpu_line, weight_mode
 
 from eyas import LLM, SamplingParams
 from eyas.data.prompts import chat_prompts, copy_prompts
@@ -168,13 +168,13 @@ def main(argv=None) -> int:
     modes = ["auto"] + [m for m in args.eyas_modes.split(",") if m]
     prompts = None
     for spec in modes:
-        mode, _, precision = spec.partition("@")
         for threads in args.threads:
-            llm = LLM(str(gguf), quantization=None if mode == "none" else mode, num_threads=threads,
-                      max_num_seqs=max(args.batch_sizes), kv_cache_gb=0.5, enable_prefix_caching=False,
-                      matmul_precision=precision or "highest")
+            llm = LLM(str(gguf), num_threads=threads, max_num_seqs=max(args.batch_sizes), kv_cache_gb=0.5,
+                      enable_prefix_caching=False, **weight_mode(spec))
             prompts = prompts or render(llm, chat_prompts(max(max(args.batch_sizes), args.batch1_prompts)))
-            label = (f"eyas {llm.engine.config.quantization or 'float32'}" + (f", {precision} products" if precision else "")
+            config = llm.engine.config
+            label = (f"eyas {config.quantization or 'float32'}"
+                     + (f", {config.matmul_precision} products" if config.matmul_precision != "highest" else "")
                      + (" (default)" if spec == "auto" else ""))
             nbytes = step_bytes(llm.engine.runner.model)
             for batch in args.batch_sizes:

@@ -21,7 +21,7 @@ import random
 import statistics
 import time
 
-from bench_common import cpu_line
+from bench_common import cpu_line, weight_mode
 
 from eyas import LLM, SamplingParams
 from eyas.spec.config import CPU_ROW_COSTS
@@ -39,10 +39,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def step_times(mode: str, precision: str, threads: int, repeats: int) -> dict[int, float]:
-    """Median seconds of a step with n new rows, for each n of ROWS."""
-    llm = LLM(None, quantization=None if mode == "none" else mode, num_threads=threads, max_model_len=1024,
-              enable_prefix_caching=True, matmul_precision=precision)
+def step_times(mode: dict, threads: int, repeats: int) -> dict[int, float]:
+    """Median seconds of a step with n new rows, for each n of ROWS; ``mode``: ``weight_mode``'s LLM arguments."""
+    llm = LLM(None, num_threads=threads, max_model_len=1024, enable_prefix_caching=True, **mode)
     rng = random.Random(0)
     prefix = [rng.randrange(100, 40000) for _ in range(PREFIX)]
     one = SamplingParams(temperature=0, max_tokens=1)
@@ -69,10 +68,10 @@ def main(argv=None) -> int:
     print(f"{cpu_line()}; {args.threads} thread(s)")
     print(f"{'mode':<12} one-row step  " + "  ".join(f"{n:>4}" for n in ROWS) + "  fitted c")
     for spec in args.modes.split(","):
-        mode, _, precision = spec.partition("@")
-        times = step_times(mode, precision or "highest", args.threads, args.repeats)
+        mode = weight_mode(spec)
+        times = step_times(mode, args.threads, args.repeats)
         ratios = {n: t / times[1] for n, t in times.items()}
-        default = CPU_ROW_COSTS.get((None if mode == "none" else mode, precision or "highest"))
+        default = CPU_ROW_COSTS.get((mode["quantization"], mode["matmul_precision"]))
         print(f"{spec:<12} {times[1] * 1e3:9.2f} ms  " + "  ".join(f"{ratios[n]:4.2f}" for n in ROWS)
               + f"  {fitted_slope(ratios):8.3f}")
         if default is not None:
