@@ -14,10 +14,11 @@ SHOWN_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512
 
 def weight_mode(spec: str) -> dict:
     """``LLM`` keyword arguments of a weight mode as the scripts' ``--modes`` name it: a quantization (``none`` = the
-    engine dtype), then ``@medium`` for bfloat16 products. ``"gguf@medium"`` -> quantization "gguf", matmul
-    precision "medium"; ``"int8"`` -> quantization "int8", precision "highest"."""
+    engine dtype), then ``@highest`` or ``@medium`` for the products' matmul precision (without it, the engine's
+    default, "auto"). ``"gguf@highest"`` -> quantization "gguf", float32 products; ``"int8"`` -> quantization
+    "int8", matmul precision "auto"."""
     quantization, _, precision = spec.partition("@")
-    return {"quantization": None if quantization == "none" else quantization, "matmul_precision": precision or "highest"}
+    return {"quantization": None if quantization == "none" else quantization, "matmul_precision": precision or "auto"}
 
 
 def batch_sizes(text: str) -> list[int]:

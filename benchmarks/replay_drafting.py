@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model folder or .gguf (default: built-in SmolLM2-135M)")
     p.add_argument("--quantization", default="auto", help="the target's weight format, as LLM(quantization=...)")
-    p.add_argument("--matmul-precision", default="highest", choices=["highest", "medium"],
+    p.add_argument("--matmul-precision", default="auto", choices=["auto", "highest", "medium"],
                    help="the target's products: the outputs replayed and the row-cost curve")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--max-tokens", type=int, default=128)

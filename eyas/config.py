@@ -17,6 +17,10 @@ import torch
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})  # /proc/cpuinfo names
 QUANTIZATIONS = ("auto", None, "gguf", "int8", "bf16")
+# matmul precision "auto" takes "medium" where a core's bf16 dot products do at least this many times the multiply-adds
+# of its float32 FMAs (eyas.kernels.bf16_mac_ratio; AMD Zen 4: 2.0, with which medium measured 1.6x at 16 rows and
+# level at one; Intel Sapphire Rapids: 0.5 in an earlier measurement)
+BF16_PRODUCTS_MIN_RATIO = 1.5
 
 
 def _require(ok: bool, message: str) -> None:
@@ -194,21 +198,38 @@ class EngineConfig:
         return "gguf", "a GGUF model keeps its own block formats on the CPU, as llama.cpp runs it"
 
     @staticmethod
-    def resolve_matmul_precision(requested: str, quantization: str | None) -> str:
-        """``"highest"``: float32 products; ``"medium"``: the quantized weights' products take bfloat16 inputs
-        (AVX512-BF16, float32 sums), as ``torch.set_float32_matmul_precision("medium")`` allows."""
-        from eyas.kernels import cpu_flags
+    def resolve_matmul_precision(requested: str, quantization: str | None) -> tuple[str, str]:
+        """The products of eyas's CPU weight kernels -> (precision, why). ``"highest"``: float32 products;
+        ``"medium"``: activations and weights rounded to bfloat16, float32 sums (AVX512-BF16), as
+        ``torch.set_float32_matmul_precision("medium")`` allows. ``"auto"``: medium where it runs (the weights
+        on eyas's kernels, a CPU whose bf16 dot products do at least ``BF16_PRODUCTS_MIN_RATIO`` times the
+        multiply-adds of its float32 FMAs, ``eyas.kernels.bf16_mac_ratio``), as vLLM's CPU backend multiplies in
+        bfloat16; highest elsewhere."""
+        from eyas.kernels import bf16_mac_ratio, cpu_flags
         from eyas.model.quantized import MATMUL_PRECISIONS, kernel_available
 
-        _require(requested in MATMUL_PRECISIONS, f"matmul_precision: {requested!r} is not one of "
-                 f"{', '.join(map(repr, MATMUL_PRECISIONS))}")
+        _require(requested == "auto" or requested in MATMUL_PRECISIONS, f"matmul_precision: {requested!r} is not "
+                 f"one of {', '.join(map(repr, ('auto', *MATMUL_PRECISIONS)))}")
+        if requested == "auto":
+            if quantization is None:
+                return "highest", "the weights run in the engine dtype"
+            if not kernel_available("medium"):
+                return "highest", ("float32 products: this CPU has no AVX512-BF16" if "avx512_bf16" not in cpu_flags()
+                                   else "float32 products: eyas's AVX512-BF16 kernel is not built here (EYAS_CPU_ISA)")
+            ratio = bf16_mac_ratio()
+            if ratio < BF16_PRODUCTS_MIN_RATIO:
+                return "highest", (f"float32 products: this CPU's bfloat16 dot products do {ratio:.2f}x the "
+                                   "multiply-adds per second of its float32 FMAs, too few to pay for their roundings")
+            return "medium", (f"bfloat16 products, float32 sums: this CPU's bfloat16 dot products do {ratio:.2f}x the "
+                              "multiply-adds per second of its float32 FMAs (--matmul-precision highest: float32)")
         if requested == "medium":
             _require(quantization is not None, "matmul_precision: 'medium' applies to eyas's CPU kernels, and these "
                      "weights run in the engine dtype (quantization None); use quantization 'gguf', 'int8' or 'bf16'")
             _require(kernel_available("medium"), "matmul_precision: 'medium' needs a CPU with AVX512-BF16 "
                      f"(avx512_bf16: {'yes' if 'avx512_bf16' in cpu_flags() else 'no'}), eyas's AVX512 kernel build "
                      "(EYAS_CPU_ISA unset or avx512) and a C compiler; use 'highest'")
-        return requested
+            return "medium", "bfloat16 products, float32 sums (asked for)"
+        return "highest", "float32 products" + (" (asked for)" if quantization is not None else "")
 
     @staticmethod
     def _folder_weights(model: ModelConfig, device: torch.device, dtype: str | torch.dtype) -> tuple[str | None, str]:

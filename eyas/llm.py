@@ -44,10 +44,11 @@ class LLM:
     (``"gguf"``), gives an HF folder with ``dtype="auto"`` bfloat16 weights on a CPU with native bf16
     dot products (``"bf16"``), and otherwise the engine dtype; ``"gguf"``, ``"int8"`` (per-output-channel
     int8 made at load from any weights), ``"bf16"`` or None (the engine dtype) ask for one; the quantized
-    formats keep activations in float32. The choice is logged. ``matmul_precision``: ``"highest"`` (float32
+    formats keep activations in float32 between products. The choice is logged. ``matmul_precision``: ``"highest"`` (float32
     products) or ``"medium"``: the quantized formats' products round activations and weights to bfloat16
     and sum in float32 (AVX512-BF16 CPUs; about 1.6x faster past a few rows, outputs within bf16 rounding),
-    as ``torch.set_float32_matmul_precision("medium")`` allows.
+    as ``torch.set_float32_matmul_precision("medium")`` allows; ``"auto"`` (default): medium where it runs,
+    as vLLM's CPU backend multiplies in bfloat16, else highest. Logged beside the weights.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, dtype: str | torch.dtype = "auto",
@@ -56,7 +57,7 @@ class LLM:
                  block_size: int = 16, enable_prefix_caching: bool = True, seed: int = 0,
                  speculative_config: dict | None = None, attention_backend: str | None = None,
                  num_threads: int | None = None, enforce_eager: bool = False, quantization: str | None = "auto",
-                 matmul_precision: str = "highest"):
+                 matmul_precision: str = "auto"):
         _setup_logging()
         if num_threads is not None:
             if num_threads < 1:
@@ -76,9 +77,9 @@ class LLM:
         dev = EngineConfig.resolve_device(device)
         max_len = max_model_len_for(model_config, max_model_len)
         quantization, why = EngineConfig.resolve_quantization(quantization, model_config, dev, dtype)
-        matmul_precision = EngineConfig.resolve_matmul_precision(matmul_precision, quantization)
+        matmul_precision, products = EngineConfig.resolve_matmul_precision(matmul_precision, quantization)
         logger.info("weights: %s (%s)%s", quantization or "engine dtype", why,
-                    "; matmul precision medium: bfloat16 products" if matmul_precision == "medium" else "")
+                    f"; matmul precision {matmul_precision}: {products}" if quantization is not None else "")
         config = EngineConfig(
             model=model_config,
             cache=CacheConfig(block_size, kv_cache_gb, num_kv_blocks, enable_prefix_caching),

@@ -16,7 +16,7 @@ from test_gguf import TINY_TOKENS, add_tiny_tokenizer
 from test_quant_kernels import NEEDS_MEDIUM, PRECISIONS, random_weight
 
 from eyas import LLM, SamplingParams
-from eyas.config import EngineConfig, ModelConfig
+from eyas.config import BF16_PRODUCTS_MIN_RATIO, EngineConfig, ModelConfig
 from eyas.model import quantized as Q
 from eyas.model.gguf import convert_gguf
 from eyas.model.loader import load_model
@@ -103,17 +103,20 @@ def test_every_matrix_equals_gguf_dequantization(tmp_path, tied):
 
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("mode", ["gguf", "int8", "bf16"])
-def test_logits_match_transformers_on_the_same_weights(tmp_path, mode):
+def test_logits_match_transformers_on_the_same_weights(tmp_path, mode, precision):
     """HF transformers on the dequantized folder (gguf mode: the same weights; int8 / bf16: eyas's int8 /
-    bf16 weights widened to float32) against eyas's prefill and decode logits."""
+    bf16 weights widened to float32) against eyas's prefill and decode logits: within float32 accumulation
+    order with float32 products, within bfloat16 rounding of every product's inputs with "medium"."""
     import transformers
     from test_model_vs_hf import _eyas_logits_by_chunks
 
     path = write_quantized_gguf(tmp_path / "q.gguf", tied=False)
     folder = convert_gguf(path, tmp_path / "hf")
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    llm = LLM(str(path), quantization=mode, max_model_len=256, kv_cache_gb=0.05, max_num_batched_tokens=64)
+    llm = LLM(str(path), quantization=mode, max_model_len=256, kv_cache_gb=0.05, max_num_batched_tokens=64,
+              matmul_precision=precision)
     if mode != "gguf":
         with torch.no_grad():
             if mode == "bf16":
@@ -138,7 +141,15 @@ def test_logits_match_transformers_on_the_same_weights(tmp_path, mode):
     with torch.no_grad():
         ref = hf(torch.tensor([tokens])).logits[0]
     got = _eyas_logits_by_chunks(llm, tokens)
-    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    if precision == "highest":
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+        return
+    # bfloat16 products: no further from float32 than HF's own model in bfloat16 (here max 0.04-0.07 against
+    # 0.11, mean 0.002-0.003 against 0.005: the residual stream and the sums stay float32)
+    with torch.no_grad():
+        bf16 = hf.to(torch.bfloat16)(torch.tensor([tokens])).logits[0].float()
+    err, bf16_err = (got - ref).abs(), (bf16 - ref).abs()
+    assert err.max() <= bf16_err.max() and err.mean() <= bf16_err.mean(), (err.max(), bf16_err.max())
 
 
 def test_int8_keeps_each_row_within_half_a_step(tmp_path):
@@ -230,26 +241,51 @@ def test_an_hf_folder_gets_bf16_weights_only_where_the_cpu_has_native_bf16(tmp_p
         EngineConfig.resolve_quantization("bf16", odd, torch.device("cpu"))
 
 
-def test_matmul_precision_medium_is_refused_where_it_cannot_run(monkeypatch):
+def test_matmul_precision_medium_is_refused_where_it_cannot_run_and_auto_takes_highest_there(monkeypatch):
     from eyas import kernels
 
-    with pytest.raises(ValueError, match="matmul_precision: 'low' is not one of 'highest', 'medium'"):
+    with pytest.raises(ValueError, match="matmul_precision: 'low' is not one of 'auto', 'highest', 'medium'"):
         EngineConfig.resolve_matmul_precision("low", "gguf")
     with pytest.raises(ValueError, match=r"'medium' applies to eyas's CPU kernels, .*\(quantization None\)"):
         EngineConfig.resolve_matmul_precision("medium", None)
-    assert EngineConfig.resolve_matmul_precision("highest", None) == "highest"
+    assert EngineConfig.resolve_matmul_precision("highest", None)[0] == "highest"
+    assert EngineConfig.resolve_matmul_precision("auto", None) == ("highest", "the weights run in the engine dtype")
+    expected = "medium" if Q.kernel_available("medium") and kernels.bf16_mac_ratio() >= BF16_PRODUCTS_MIN_RATIO \
+        else "highest"
+    assert EngineConfig.resolve_matmul_precision("auto", "gguf")[0] == expected
+    if Q.kernel_available("medium"):  # bf16 dot products slower than FMAs (as measured on Sapphire Rapids): highest
+        with monkeypatch.context() as m:
+            m.setattr(kernels, "bf16_mac_ratio", lambda: 0.5)
+            precision, why = EngineConfig.resolve_matmul_precision("auto", "bf16")
+            assert precision == "highest" and "do 0.50x the multiply-adds" in why
     monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw",
                                                                   "avx512vl"}))
     kernels.supported_isas.cache_clear()
     try:
         with pytest.raises(ValueError, match=r"'medium' needs a CPU with AVX512-BF16 \(avx512_bf16: no\)"):
             EngineConfig.resolve_matmul_precision("medium", "gguf")
+        assert EngineConfig.resolve_matmul_precision("auto", "gguf") == (
+            "highest", "float32 products: this CPU has no AVX512-BF16")
     finally:
         kernels.supported_isas.cache_clear()
     if "avx2" in kernels.supported_isas() and "avx512_bf16" in kernels.cpu_flags():
         monkeypatch.setenv("EYAS_CPU_ISA", "avx2")  # a lesser build forced: no bf16 products either
         with pytest.raises(ValueError, match=r"avx512_bf16: yes\), eyas's AVX512 kernel build"):
             EngineConfig.resolve_matmul_precision("medium", "int8")
+        precision, why = EngineConfig.resolve_matmul_precision("auto", "int8")
+        assert precision == "highest" and "EYAS_CPU_ISA" in why
+
+
+@NEEDS_MEDIUM
+def test_the_bf16_throughput_probe_is_measured_once_per_cpu(tmp_path, monkeypatch):
+    from eyas import kernels
+
+    monkeypatch.setenv("EYAS_CACHE_DIR", str(tmp_path))
+    ratio = kernels.bf16_mac_ratio()
+    record = tmp_path / "kernels" / f"mac-ratio-{kernels.cpu_key()}.txt"
+    assert 0.1 < ratio < 8 and float(record.read_text()) == ratio
+    record.write_text("0.7")  # the record decides from now on
+    assert kernels.bf16_mac_ratio() == 0.7
 
 
 def test_without_a_compiler_auto_falls_back_and_gguf_is_refused(tmp_path, monkeypatch):

@@ -26,6 +26,7 @@ def test_real_model_dumps_equal_hf_with_chunking_and_preemption(tmp_path):
     import transformers
 
     llm = LLM(None, dtype="float32", max_model_len=256, num_kv_blocks=17, block_size=16, max_num_batched_tokens=32,
+              matmul_precision="highest",  # float32 products, as HF multiplies
               speculative_config={"method": "extract_hidden_states", "num_speculative_tokens": 1,
                                   "aux_layer_ids": IDS, "output_dir": str(tmp_path), "include_output_tokens": True})
     tok = llm.get_tokenizer()

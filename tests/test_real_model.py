@@ -23,7 +23,8 @@ NEW_TOKENS = 48
 
 @pytest.fixture(scope="module")
 def real():
-    llm = LLM(None, dtype="float32", max_model_len=1024, kv_cache_gb=0.25)
+    # float32 products, as HF multiplies (the default on an AVX512-BF16 CPU rounds them to bfloat16)
+    llm = LLM(None, dtype="float32", max_model_len=1024, kv_cache_gb=0.25, matmul_precision="highest")
     tok = llm.get_tokenizer()
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]), add_special_tokens=False)
                for q in QUESTIONS]
@@ -61,7 +62,8 @@ def test_greedy_batched_mixed_lengths_matches_hf(real, hf_reference):
 
 def test_real_model_preemption_and_chunking_keep_outputs(real, hf_reference):
     _, prompts = real
-    llm = LLM(None, dtype="float32", max_model_len=256, num_kv_blocks=24, max_num_batched_tokens=32)
+    llm = LLM(None, dtype="float32", max_model_len=256, num_kv_blocks=24, max_num_batched_tokens=32,
+              matmul_precision="highest")
     outs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == hf_reference
 

@@ -25,6 +25,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from eyas.model.resolve import cache_dir
@@ -52,6 +53,11 @@ def _cpu_id() -> str:
         return platform.processor()
     lines = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags", "Features"))]
     return "\n".join(dict.fromkeys(lines))  # one copy per distinct line, not one per core
+
+
+def cpu_key() -> str:
+    """A short key of this CPU (its model name and flags), for what is measured once per CPU."""
+    return hashlib.sha256((platform.machine() + _cpu_id()).encode()).hexdigest()[:16]
 
 
 def cpu_flags() -> frozenset[str]:
@@ -143,3 +149,35 @@ def entry(name: str, *argtypes, function: str | None = None, isa: str | None = N
     fn.restype = ctypes.c_int
     fn.argtypes = list(argtypes)
     return fn
+
+
+def bf16_mac_ratio() -> float | None:
+    """Multiply-adds per second of one core's bfloat16 dot products (``vdpbf16ps``) over its float32 FMAs, or None
+    where the ``bf16_products`` build does not run. AMD Zen 4 issues both at one rate, so 2.0; an earlier
+    measurement on Intel Sapphire Rapids found vdpbf16ps at a quarter of the FMA rate, 0.5. Timed once per CPU
+    (about 30 ms: the best of 5 alternating runs of ``quant_gemm.c``'s probe) and kept in the cache folder, so
+    every process on a machine makes the same choice from it."""
+    if not variant_supported("bf16_products"):
+        return None
+    record = cache_dir() / "kernels" / f"mac-ratio-{cpu_key()}.txt"
+    try:
+        return float(record.read_text())
+    except (OSError, ValueError):
+        pass
+    probe = entry("quant_gemm", ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, function="mac_probe", isa="avx512",
+                  variant="bf16_products")
+    if probe is None:
+        return None
+    sink, best = ctypes.c_float(), {1: float("inf"), 0: float("inf")}
+    for _ in range(5):
+        for bf16 in best:
+            start = time.perf_counter()
+            probe(bf16, 1_000_000, ctypes.byref(sink))
+            best[bf16] = min(best[bf16], time.perf_counter() - start)
+    ratio = round(2 * best[0] / best[1], 3)  # 32 multiply-adds an instruction against 16
+    record.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=record.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{ratio:.3f}")
+    os.replace(tmp, record)
+    return ratio
