@@ -23,9 +23,14 @@ def _run(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[float, in
 
 def acceptance_by_k(model: str | None, drafter: str, method: str, prompts: list[list[int]], ks: list[int], *,
                     max_tokens: int = 128, num_threads: int | None = None) -> dict:
-    """{"plain_tok_s", "rows": [{"k", "mean_acceptance_length", "per_position", "tok_s", "speedup"}]}."""
+    """{"plain_tok_s", "weights", "rows": [{"k", "mean_acceptance_length", "per_position", "tok_s", "speedup"}]};
+    "weights": the target's weight format and matmul precision (acceptance moves a little with them)."""
     base = dict(max_num_seqs=1, num_threads=num_threads, enable_prefix_caching=False)
-    seconds, tokens = _run(LLM(model, **base), prompts, max_tokens)
+    plain_llm = LLM(model, **base)
+    config = plain_llm.engine.config
+    weights = f"{config.quantization or config.dtype} weights, {config.matmul_precision} matmul precision"
+    seconds, tokens = _run(plain_llm, prompts, max_tokens)
+    del plain_llm
     plain = tokens / seconds
     rows = []
     for k in ks:
@@ -36,4 +41,5 @@ def acceptance_by_k(model: str | None, drafter: str, method: str, prompts: list[
         rows.append({"k": k, "mean_acceptance_length": round(stats["mean_acceptance_length"], 3),
                      "per_position": [round(a, 3) for a in stats["per_position_acceptance"]][:k],
                      "tok_s": round(tokens / seconds, 2), "speedup": round(tokens / seconds / plain, 3)})
-    return {"plain_tok_s": round(plain, 2), "num_prompts": len(prompts), "max_tokens": max_tokens, "rows": rows}
+    return {"plain_tok_s": round(plain, 2), "weights": weights, "num_prompts": len(prompts), "max_tokens": max_tokens,
+            "rows": rows}
