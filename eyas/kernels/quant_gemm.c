@@ -869,11 +869,11 @@ int eyas_quant_rows(const uint8_t *weight, int type, const float *row_scale, con
 int eyas_mac_probe(int bf16, int64_t n, float *out) {
     __m512 acc[12];
     for (int c = 0; c < 12; c++) acc[c] = _mm512_set1_ps((float)c);
-    const __m512 f = _mm512_set1_ps(0x1p-20f);
+    const __m512 f = _mm512_set1_ps(0x1p-20f), g = _mm512_set1_ps(1.0f + 0x1p-20f); /* g != 1: no add in its place */
     const __m512bh b = _mm512_cvtne2ps_pbh(f, f);
     for (int64_t i = 0; i < n; i++)
         for (int c = 0; c < 12; c++)
-            acc[c] = bf16 ? _mm512_dpbf16_ps(acc[c], b, b) : _mm512_fmadd_ps(acc[c], _mm512_set1_ps(1.0f), f);
+            acc[c] = bf16 ? _mm512_dpbf16_ps(acc[c], b, b) : _mm512_fmadd_ps(acc[c], g, f);
     __m512 sum = acc[0];
     for (int c = 1; c < 12; c++) sum = _mm512_add_ps(sum, acc[c]);
     *out = _mm512_reduce_add_ps(sum);
