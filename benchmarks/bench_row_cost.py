@@ -24,7 +24,6 @@ import time
 from bench_common import cpu_line, weight_mode
 
 from eyas import LLM, SamplingParams
-from eyas.config import EngineConfig
 from eyas.spec.config import CPU_ROW_COSTS
 
 ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
@@ -40,9 +39,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def step_times(mode: dict, threads: int, repeats: int) -> dict[int, float]:
-    """Median seconds of a step with n new rows, for each n of ROWS; ``mode``: ``weight_mode``'s LLM arguments."""
+def step_times(mode: dict, threads: int, repeats: int) -> tuple[dict[int, float], tuple[str | None, str]]:
+    """Median seconds of a step with n new rows, for each n of ROWS, and the engine's (quantization, matmul
+    precision) as it resolved them; ``mode``: ``weight_mode``'s LLM arguments."""
     llm = LLM(None, num_threads=threads, max_model_len=1024, enable_prefix_caching=True, **mode)
+    resolved = (llm.engine.config.quantization, llm.engine.config.matmul_precision)
     rng = random.Random(0)
     prefix = [rng.randrange(100, 40000) for _ in range(PREFIX)]
     one = SamplingParams(temperature=0, max_tokens=1)
@@ -54,7 +55,7 @@ def step_times(mode: dict, threads: int, repeats: int) -> dict[int, float]:
             start = time.perf_counter()
             llm.generate([prompt], one, use_tqdm=False)
             times[n].append(time.perf_counter() - start)
-    return {n: statistics.median(t) for n, t in times.items()}
+    return {n: statistics.median(t) for n, t in times.items()}, resolved
 
 
 def fitted_slope(ratios: dict[int, float]) -> float:
@@ -69,15 +70,12 @@ def main(argv=None) -> int:
     print(f"{cpu_line()}; {args.threads} thread(s)")
     print(f"{'mode':<12} one-row step  " + "  ".join(f"{n:>4}" for n in ROWS) + "  fitted c")
     for spec in args.modes.split(","):
-        mode = weight_mode(spec)
-        times = step_times(mode, args.threads, args.repeats)
+        times, resolved = step_times(weight_mode(spec), args.threads, args.repeats)
         ratios = {n: t / times[1] for n, t in times.items()}
-        precision, _ = EngineConfig.resolve_matmul_precision(mode["matmul_precision"], mode["quantization"])
-        default = CPU_ROW_COSTS.get((mode["quantization"], precision))
+        default = CPU_ROW_COSTS[resolved]
         print(f"{spec:<12} {times[1] * 1e3:9.2f} ms  " + "  ".join(f"{ratios[n]:4.2f}" for n in ROWS)
               + f"  {fitted_slope(ratios):8.3f}")
-        if default is not None:
-            print(f"{'':<12} {'CPU_ROW_COSTS':>12}  " + "  ".join(f"{default(n):4.2f}" for n in ROWS))
+        print(f"{'':<12} {'CPU_ROW_COSTS':>12}  " + "  ".join(f"{default(n):4.2f}" for n in ROWS))
     return 0
 
 

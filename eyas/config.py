@@ -229,7 +229,7 @@ class EngineConfig:
                      f"(avx512_bf16: {'yes' if 'avx512_bf16' in cpu_flags() else 'no'}), eyas's AVX512 kernel build "
                      "(EYAS_CPU_ISA unset or avx512) and a C compiler; use 'highest'")
             return "medium", "bfloat16 products, float32 sums (asked for)"
-        return "highest", "float32 products" + (" (asked for)" if quantization is not None else "")
+        return "highest", "float32 products (asked for)"
 
     @staticmethod
     def _folder_weights(model: ModelConfig, device: torch.device, dtype: str | torch.dtype) -> tuple[str | None, str]:

@@ -44,11 +44,12 @@ class LLM:
     (``"gguf"``), gives an HF folder with ``dtype="auto"`` bfloat16 weights on a CPU with native bf16
     dot products (``"bf16"``), and otherwise the engine dtype; ``"gguf"``, ``"int8"`` (per-output-channel
     int8 made at load from any weights), ``"bf16"`` or None (the engine dtype) ask for one; the quantized
-    formats keep activations in float32 between products. The choice is logged. ``matmul_precision``: ``"highest"`` (float32
-    products) or ``"medium"``: the quantized formats' products round activations and weights to bfloat16
-    and sum in float32 (AVX512-BF16 CPUs; about 1.6x faster past a few rows, outputs within bf16 rounding),
-    as ``torch.set_float32_matmul_precision("medium")`` allows; ``"auto"`` (default): medium where it runs,
-    as vLLM's CPU backend multiplies in bfloat16, else highest. Logged beside the weights.
+    formats keep activations in float32 between products. The choice is logged. ``matmul_precision``:
+    ``"highest"`` (float32 products) or ``"medium"``: the quantized formats' products round activations and
+    weights to bfloat16 and sum in float32 (AVX512-BF16 CPUs; about 1.6x faster past a few rows, outputs within
+    bf16 rounding), as ``torch.set_float32_matmul_precision("medium")`` allows; ``"auto"`` (default): medium
+    where the CPU's bf16 dot products outrun its float32 FMAs (as vLLM's CPU backend multiplies in bfloat16),
+    else highest. Logged beside the weights.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, dtype: str | torch.dtype = "auto",
