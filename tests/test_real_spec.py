@@ -15,14 +15,15 @@ PARAMS = SamplingParams(temperature=0, max_tokens=NEW_TOKENS)
 
 
 def _weights(mode: str) -> dict:
-    """LLM keyword arguments of a mode: a quantization, with "@medium" for bfloat16 products."""
+    """LLM keyword arguments of a mode: a quantization, with "@medium" for bfloat16 products (float32 without)."""
     quantization, _, precision = mode.partition("@")
     return dict(quantization=quantization, matmul_precision=precision or "highest")
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    plain = LLM(None, dtype="float32", max_model_len=512, kv_cache_gb=0.1)  # the default: gguf weights
+    # gguf weights with float32 products, as "gguf" below runs them (the default may take bfloat16 products)
+    plain = LLM(None, dtype="float32", max_model_len=512, kv_cache_gb=0.1, **_weights("gguf"))
     tok = plain.get_tokenizer()
     from eyas.data.prompts import copy_prompts
 
