@@ -340,8 +340,8 @@ def test_the_cost_model_prices_a_row_by_the_weight_format(tmp_path, mode, precis
     llm = LLM(str(path), **common, speculative_config=spec)
     cost = llm.engine.scheduler.draft_row_cost
     assert cost == CPU_ROW_COSTS[mode, precision]
-    sixteen = {("gguf", "highest"): 4.11, ("int8", "highest"): 4.61, ("bf16", "highest"): 3.36,
-               (None, "highest"): 2.07, ("gguf", "medium"): 2.66}
+    sixteen = {("gguf", "highest"): 3.43, ("int8", "highest"): 3.63, ("bf16", "highest"): 2.47,
+               (None, "highest"): 2.07, ("gguf", "medium"): 2.23}
     assert cost(1) == 1.0 and cost(16) == sixteen[mode, precision]
     told = LLM(str(path), **common, speculative_config={**spec, "draft_row_cost": 0.5})
     assert told.engine.scheduler.draft_row_cost == RowCost.linear(0.5)

@@ -325,7 +325,7 @@ def test_draft_allocation_follows_the_documented_examples():
 
 
 def test_draft_allocation_looks_past_a_jump_in_the_row_cost():
-    """The documented GGUF-curve example: a 5th row costs 0.60 of a forward after 0.12 for the 4th, so a 4th draft
+    """An earlier kernel's GGUF curve: a 5th row costs 0.60 of a forward after 0.12 for the 4th, so a 4th draft
     alone never pays; at acceptance 0.95 all 8 drafts do (7.40 tokens for 2.70 beat 3.71 for 1.47), at 0.90 not."""
     from eyas.spec.adaptive import RowCost, allocate_drafts
 

@@ -156,9 +156,9 @@ class RowCost:
     """What a target forward of n rows costs: measured ``(rows, cost)`` points in one-row forwards, read along
     straight lines between them and along the last segment past the last one. ``linear(c)`` is ``1 + c * n``.
 
-    Example (the GGUF kernels, ``CPU_ROW_COSTS["gguf", "highest"]``): (1, 1.00), (2, 1.12), (3, 1.35), (4, 1.47), (5, 2.07)
-    ...: up to 4 rows share a register tile, so a 2-row verification costs 1.12 forwards, not the 1.20 of the
-    straight line fitted over 1..16 rows (c = 0.25), and a 5th row costs 0.60."""
+    Example (the GGUF kernels, ``CPU_ROW_COSTS["gguf", "highest"]``): (1, 1.00), (2, 1.10), (3, 1.22), (4, 1.38), (5, 1.76)
+    ...: up to 4 rows share a register tile, so a 2-row verification costs 1.10 forwards, not the 1.16 of the
+    straight line fitted over 1..16 rows (c = 0.19), and a 5th row costs 0.38."""
 
     points: tuple[tuple[int, float], ...]  # rows ascending, at least two
 

@@ -16,25 +16,25 @@ METHOD_FIELDS = frozenset({"prompt_lookup_min", "prompt_lookup_max", "model", "d
                            "enable_suffix_decoding"})
 SUFFIX_FIELDS = frozenset(name for name in METHOD_FIELDS if name.startswith("suffix_decoding_"))
 VERIFICATION_MODES = ("rejection", "shared_noise")
-# A CPU forward of n rows, in one-row forwards, by the target's weight format: (rows, cost) points measured by
-# benchmarks/bench_row_cost.py (one request, n new rows on a cached 192-token prefix, SmolLM2-135M, AMD Zen 4,
-# 2 threads; the int8 2-row figure, 0.99, held at 1.00). Float32 rows are read from memory once whatever the
-# rows, so a row adds little (16 rows: 2.07x a one-row forward); eyas's bf16, int8 and GGUF kernels read fewer
-# bytes and decode every weight in registers, multiplying it into each row with float32 FMAs, so rows cost
-# their arithmetic (16 rows: 3.36x, 4.61x and 4.11x). Up to 4 rows share one register tile; past it a decoded
-# tile goes through memory, the step between 4 and 5 rows. (Intel Sapphire Rapids, GGUF: 1.09, 1.22, 1.30 for
-# 2-4 rows, 1.89 for 5, 3.24 for 16.) Matmul precision "medium" (bfloat16 products, half the instructions) makes
-# rows cheaper: measured the same way on Zen 4 on 2026-11-27 (gguf: the mean of two runs; bf16's 3-row figure,
-# 1.08, held at its 2-row 1.10); the GGUF curve at "highest" measured beside it was 1.11 1.27 1.38 1.86 ... 3.57.
+# A CPU forward of n rows, in one-row forwards, by the target's weight format and matmul precision: (rows, cost)
+# points measured by benchmarks/bench_row_cost.py (one request, n new rows on a cached 192-token prefix,
+# SmolLM2-135M, AMD Zen 4, 2 threads; the median of three runs, 2026-11-27). Float32 weights are read from memory
+# once whatever the rows, so a row adds little (16 rows: 2.07x a one-row forward); eyas's bf16, int8 and GGUF
+# kernels read fewer bytes and decode every weight in registers, multiplying it into each row, so rows cost their
+# arithmetic (16 rows at "highest", float32 products: 2.47x, 3.63x, 3.43x). Up to 4 rows share one register tile;
+# past it the first 4 rows' pass keeps the decoded tile in memory for the others, the step between 4 and 5 rows
+# (before that pass kept it, when the tile was decoded into memory first: GGUF 2.07 at 5 rows, 4.11 at 16). "medium"
+# (bfloat16 products, half the instructions) makes rows cheaper. (Intel Sapphire Rapids, GGUF, float32 products,
+# the older kernel: 1.09, 1.22, 1.30 for 2-4 rows, 1.89 for 5, 3.24 for 16.)
 _ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
 CPU_ROW_COSTS = {key: RowCost(tuple(zip(_ROWS, costs))) for key, costs in {  # (quantization, matmul precision)
     (None, "highest"): (1.00, 1.01, 1.04, 1.07, 1.12, 1.20, 1.36, 1.52, 1.71, 2.07),
-    ("bf16", "highest"): (1.00, 1.09, 1.16, 1.18, 2.11, 2.16, 2.41, 2.67, 2.87, 3.36),
-    ("int8", "highest"): (1.00, 1.00, 1.09, 1.23, 2.42, 2.63, 3.02, 3.38, 3.80, 4.61),
-    ("gguf", "highest"): (1.00, 1.12, 1.35, 1.47, 2.07, 2.18, 2.53, 2.87, 3.26, 4.11),
-    ("bf16", "medium"): (1.00, 1.10, 1.10, 1.11, 1.55, 1.65, 1.81, 1.97, 2.15, 2.40),
-    ("int8", "medium"): (1.00, 1.04, 1.06, 1.13, 1.83, 1.97, 2.26, 2.57, 2.71, 3.21),
-    ("gguf", "medium"): (1.00, 1.09, 1.16, 1.30, 1.59, 1.66, 1.79, 2.06, 2.28, 2.66)}.items()}
+    ("bf16", "highest"): (1.00, 1.05, 1.05, 1.19, 1.54, 1.58, 1.70, 1.91, 2.23, 2.47),
+    ("int8", "highest"): (1.00, 1.06, 1.22, 1.29, 1.79, 1.85, 2.22, 2.59, 2.91, 3.63),
+    ("gguf", "highest"): (1.00, 1.10, 1.22, 1.38, 1.76, 1.87, 2.15, 2.49, 2.76, 3.43),
+    ("bf16", "medium"): (1.00, 1.06, 1.07, 1.12, 1.32, 1.44, 1.61, 1.68, 1.82, 2.06),
+    ("int8", "medium"): (1.00, 1.09, 1.15, 1.24, 1.62, 1.68, 1.86, 2.17, 2.30, 2.80),
+    ("gguf", "medium"): (1.00, 1.06, 1.13, 1.25, 1.38, 1.47, 1.54, 1.74, 1.89, 2.23)}.items()}
 
 
 @dataclass(frozen=True)
