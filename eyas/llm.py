@@ -9,6 +9,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from eyas import kernels
 from eyas.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, max_model_len_for
 from eyas.engine.engine import Engine
 from eyas.engine.outputs import RequestOutput
@@ -76,6 +77,8 @@ class LLM:
             speculative_config = speculative_config or drafter_config
         model_config = ModelConfig.from_folder(path, gguf_file(model if redirect is None else redirect[0]))
         dev = EngineConfig.resolve_device(device)
+        if dev.type == "cpu":
+            kernels.prebuild()  # before the first kernel is loaded (resolve_quantization), side by side
         max_len = max_model_len_for(model_config, max_model_len)
         quantization, why = EngineConfig.resolve_quantization(quantization, model_config, dev, dtype)
         matmul_precision, products = EngineConfig.resolve_matmul_precision(matmul_precision, quantization)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from gguf.constants import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
+from kernel_helpers import without_c_compiler
 
 from eyas import kernels
 from eyas.model import quantized as Q
@@ -158,6 +159,27 @@ def test_an_avx2_only_cpu_takes_the_avx2_build(monkeypatch):
     finally:
         kernels.supported_isas.cache_clear()
 
+
+
+def test_prebuild_builds_the_libraries_the_engine_loads_and_nothing_without_a_compiler(monkeypatch, tmp_path):
+    """``kernels.prebuild`` (an engine's first step on a CPU) fills an empty cache with one library per kernel an
+    engine may load: afterwards loading each builds nothing more. Without a C compiler it builds nothing and
+    raises nothing (the loads say why, later)."""
+    monkeypatch.setenv("EYAS_CACHE_DIR", str(tmp_path / "cache"))
+    kernels.prebuild()
+    built = sorted((tmp_path / "cache" / "kernels").glob("*.so"))
+    builds = kernels.engine_builds()
+    assert len(built) == len(builds)
+    assert {p.name.rsplit("-", 1)[0] for p in built} == {name for name, _, _ in builds} >= {"quant_gemm", "token_ops"}
+    kernels.load.cache_clear()
+    try:
+        assert all(kernels.load(*build) is not None for build in builds)
+    finally:
+        kernels.load.cache_clear()
+    assert sorted((tmp_path / "cache" / "kernels").glob("*.so")) == built
+    with without_c_compiler(monkeypatch, tmp_path):
+        kernels.prebuild()
+        assert not (tmp_path / "kernel-cache").exists()
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_int8_rows_round_trip_and_products(precision):
