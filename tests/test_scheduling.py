@@ -171,3 +171,14 @@ def test_logprobs_are_the_same_bits_however_the_prompt_was_chunked_or_cached(tin
     outs = cached.generate(prompts, params, use_tqdm=False)
     assert all(o.num_cached_tokens >= 16 for o in outs if len(o.prompt_token_ids) >= 40)
     assert [o.outputs[0].logprobs for o in outs] == whole
+
+
+def test_a_request_is_compared_by_identity():
+    """Two requests with equal fields are two requests: the scheduler's membership checks compare identities
+    (field-by-field equality made a step's walk over the running requests quadratic in the batch: 69.8 -> 24.8
+    ms a step at batch 512 on a tiny model, 2 cores)."""
+    from eyas.engine.request import Request
+
+    a, b = (Request("r", [1, 2], 2, SamplingParams(), seed=0, eos_token_ids=frozenset(), max_total_tokens=16,
+                    arrival_time=0.0) for _ in range(2))
+    assert a != b and a == a and len({a, b}) == 2

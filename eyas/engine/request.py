@@ -28,7 +28,7 @@ class RequestStatus(enum.Enum):
         return self.value if self.finished else None
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself, not its fields: compared (and hashed) by identity
 class Request:
     request_id: str
     token_ids: list[int]  # the prompt, then every committed output token

@@ -84,7 +84,7 @@ class Scheduler:
         drafts = self._plan_drafts(budget)
         num_drafts = 0
         for request in list(self.running):
-            if request not in self.running:  # preempted earlier in this loop
+            if request.status is not RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             if num_new <= 0:

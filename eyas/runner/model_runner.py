@@ -146,9 +146,8 @@ class ModelRunner:
         entries = [plan.scheduled[i] for i in inputs.sample_rows]
         k = max(len(e.draft_token_ids) for e in entries)
         num_drafts = torch.tensor([len(e.draft_token_ids) for e in entries], dtype=torch.int64)
-        drafts = torch.zeros(len(entries), k, dtype=torch.int64)
-        for r, e in enumerate(entries):
-            drafts[r, :len(e.draft_token_ids)] = torch.tensor(e.draft_token_ids, dtype=torch.int64)
+        drafts = torch.tensor([e.draft_token_ids + [0] * (k - len(e.draft_token_ids)) for e in entries],
+                              dtype=torch.int64).view(len(entries), k)  # [R, k], padded with 0
         # logits of the verify positions only (each request's last committed token, then its drafts):
         # N = R + sum(num_drafts) rows, not R * (k + 1); ``pad`` lays them out as [R, k+1], positions
         # past a request's drafts repeating its last one

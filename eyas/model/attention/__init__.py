@@ -57,10 +57,7 @@ class UniformBatch:
 def block_table_tensor(tables: list[list[int]]) -> torch.Tensor:
     """Host block tables of one group -> [B, max_blocks] int64, padded with the null block 0."""
     width = max(1, max(len(t) for t in tables))
-    out = torch.full((len(tables), width), NULL_BLOCK, dtype=torch.int64)
-    for row, t in enumerate(tables):
-        out[row, :len(t)] = torch.tensor(t, dtype=torch.int64)
-    return out
+    return torch.tensor([t + [NULL_BLOCK] * (width - len(t)) for t in tables], dtype=torch.int64)  # one copy, not B
 
 
 def layout_slots(block_table: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
