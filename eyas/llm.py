@@ -130,7 +130,8 @@ class LLM:
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         encoded = [(self.tokenizer.encode(p), p) if isinstance(p, str) else (list(p), None) for p in prompts]
-        return self._run(self._add_all(encoded, self._params_list(sampling_params, len(encoded))), use_tqdm)
+        return self._run(self._add_all(encoded, self._params_list(sampling_params, len(encoded)), stream=False),
+                         use_tqdm)
 
     def _params_list(self, params, n: int) -> list[SamplingParams]:
         params = params if params is not None else self.get_default_sampling_params()
@@ -149,12 +150,13 @@ class LLM:
                  for c in conversations]
         # the template already carries any BOS token, so encode without special tokens (as HF does)
         prompts = [(self.tokenizer.encode(t, add_special_tokens=False), t) for t in texts]
-        return self._run(self._add_all(prompts, self._params_list(sampling_params, len(prompts))), use_tqdm)
+        return self._run(self._add_all(prompts, self._params_list(sampling_params, len(prompts)), stream=False),
+                         use_tqdm)
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         """Yield the request's output after every step that changed it (cumulative text and tokens)."""
         encoded = (self.tokenizer.encode(prompt), prompt) if isinstance(prompt, str) else (list(prompt), None)
-        (request_id,) = self._add_all([encoded], [sampling_params or self.get_default_sampling_params()])
+        (request_id,) = self._add_all([encoded], [sampling_params or self.get_default_sampling_params()], stream=True)
         try:
             while True:
                 for out in self.engine.step():
@@ -167,12 +169,14 @@ class LLM:
         finally:
             self.engine.abort_request(request_id)
 
-    def _add_all(self, prompts: list[tuple[list[int], str | None]], params: list[SamplingParams]) -> list[str]:
+    def _add_all(self, prompts: list[tuple[list[int], str | None]], params: list[SamplingParams],
+                 stream: bool) -> list[str]:
+        """Add every prompt or none; ``stream=False``: only their final outputs are read (``Engine.add_request``)."""
         ids: list[str] = []
         try:
             for (token_ids, text), p in zip(prompts, params):
                 request_id = str(next(self._ids))
-                self.engine.add_request(request_id, token_ids, p, text)
+                self.engine.add_request(request_id, token_ids, p, text, stream)
                 ids.append(request_id)
         except Exception:
             for request_id in ids:  # all or nothing: the engine keeps serving everyone else
@@ -189,9 +193,9 @@ class LLM:
             bar = tqdm(total=len(ids), desc="generate", unit="req", dynamic_ncols=True)
         num_generated = 0
         while len(finished) < len(ids):
-            for out in self.engine.step():
-                num_generated += 1
+            for out in self.engine.step():  # only finished outputs: the requests do not stream
                 if out.finished and out.request_id in wanted:
+                    num_generated += sum(len(c.token_ids) for c in out.outputs)
                     finished[out.request_id] = out
                     if bar is not None:
                         bar.update(1)

@@ -182,3 +182,28 @@ def test_a_request_is_compared_by_identity():
     a, b = (Request("r", [1, 2], 2, SamplingParams(), seed=0, eos_token_ids=frozenset(), max_total_tokens=16,
                     arrival_time=0.0) for _ in range(2))
     assert a != b and a == a and len({a, b}) == 2
+
+
+def test_text_decoded_at_the_end_equals_the_streamed_text(tiny_models):
+    """``generate`` requests do not stream: their text is decoded once, at the end; ``stream`` decodes every step.
+    Sampled bytes of a random byte-level model split UTF-8 characters across tokens, so the two must agree on
+    held-back and replaced characters too; an aborted non-streaming request still has the text of its tokens,
+    and ``step`` returns no output of a non-streaming request before it ends."""
+    llm = _llm(tiny_models["llama"])
+    params = [SamplingParams(temperature=1.0, max_tokens=40, ignore_eos=True, seed=s, skip_special_tokens=skip)
+              for s in range(6) for skip in (True, False)]
+    prompt = _prompts(1)[0]
+    ended = llm.generate([prompt] * len(params), params, use_tqdm=False)
+    for out, p in zip(ended, params):
+        streamed = list(llm.stream(prompt, p))[-1].outputs[0]
+        assert (out.outputs[0].token_ids, out.outputs[0].text) == (streamed.token_ids, streamed.text)
+        assert out.outputs[0].text == llm.get_tokenizer().decode(out.outputs[0].token_ids,
+                                                                 skip_special_tokens=p.skip_special_tokens)
+    engine = llm.engine
+    engine.add_request("quiet", prompt, params[0], stream=False)
+    engine.add_request("loud", prompt, params[0])
+    for _ in range(5):
+        assert [o.request_id for o in engine.step()] == ["loud"]
+    aborted = engine.abort_request("quiet").outputs[0]
+    engine.abort_request("loud")
+    assert len(aborted.token_ids) == 5 and aborted.text == llm.get_tokenizer().decode(aborted.token_ids)

@@ -236,7 +236,7 @@ def _extract(llm, samples: list[Sample], out: Path, max_tokens: int, sampling: d
             turn = sum(m["role"] == "assistant" for m in sample.conversation.messages)
             params = SamplingParams(max_tokens=max_tokens, **sampling,
                                     seed=reply_seed(conversation_seed(seed, sample.sample_id), turn))
-        engine.add_request(sample.sample_id, sample.token_ids, params)
+        engine.add_request(sample.sample_id, sample.token_ids, params, stream=False)
     outputs = {}
     while engine.has_unfinished_requests():
         for output in engine.step():

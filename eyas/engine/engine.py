@@ -61,8 +61,9 @@ class Engine:
                     num_blocks * bytes_per_block / 2**30, config.dtype, self.runner.backend.name)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    prompt: str | None = None) -> None:
-        """Validate at the edge: a bad request raises ValueError and changes nothing."""
+                    prompt: str | None = None, stream: bool = True) -> None:
+        """Validate at the edge: a bad request raises ValueError and changes nothing. ``stream=False``: ``step``
+        returns the request's output only once it has ended (eyas.engine.output_processor)."""
         vocab, max_len = self.config.model.vocab_size, self.config.scheduler.max_model_len
         if request_id in self.scheduler.requests or request_id in self.parents:
             raise ValueError(f"request_id: '{request_id}' is already running")
@@ -80,19 +81,19 @@ class Engine:
         grammar = self.grammars.compile(params.structured_output) if params.structured_output is not None else None
         if params.n == 1:
             seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
-            self._submit(self._request(request_id, prompt_token_ids, params, seed, grammar), prompt)
+            self._submit(self._request(request_id, prompt_token_ids, params, seed, grammar), prompt, stream)
             return
         single = dataclasses.replace(params, n=1)
         seeds = child_seeds(params.seed, params.n, lambda: self._seed_rng.getrandbits(63))
         children = [self._request(ParentRequest.child_id(request_id, i), prompt_token_ids, single, seed, grammar)
                     for i, seed in enumerate(seeds)]
-        parent = ParentRequest(request_id, children, prompt)
+        parent = ParentRequest(request_id, children, prompt, stream)
         self.parents[request_id] = parent
         self._parent_of.update((c.request_id, parent) for c in children)
-        self._submit(children[0], prompt)
+        self._submit(children[0], prompt, stream)
         if not self.config.cache.enable_prefix_caching:  # nothing to share: no reason to wait
             for child in parent.release():
-                self._submit(child, prompt)
+                self._submit(child, prompt, stream)
 
     def _request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int,
                  grammar: str | None) -> Request:
@@ -101,9 +102,9 @@ class Engine:
                        frozenset(self.config.model.eos_token_ids), self.config.scheduler.max_model_len,
                        grammar=self.grammars.state(grammar) if grammar is not None else None)
 
-    def _submit(self, request: Request, prompt: str | None) -> None:
+    def _submit(self, request: Request, prompt: str | None, stream: bool) -> None:
         self.scheduler.add(request)
-        self.outputs.add(request, prompt)
+        self.outputs.add(request, prompt, stream)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Abort a request (every child of an n > 1 request); its KV blocks are freed at once."""
@@ -111,7 +112,7 @@ class Engine:
         if parent is None:
             return self._abort_one(request_id)
         for child in parent.release():  # held children never ran: they finish aborted, empty
-            self.outputs.add(child, parent.prompt)
+            self.outputs.add(child, parent.prompt, parent.stream)
             child.status, child.finish_time = RequestStatus.FINISHED_ABORTED, time.perf_counter()
             parent.merge(self.outputs.output(child))
         output = None
@@ -150,14 +151,19 @@ class Engine:
         for request in changed:
             if self.outputs.update(request, result.logprobs.get(request.request_id)):
                 self.scheduler.finish(request.request_id, RequestStatus.FINISHED_STOPPED)
-            output = self.outputs.output(request)
+            saved = None
             if request.status.finished:
-                output.hidden_states_path = self._save_finished(request)
+                saved = self._save_finished(request)
                 self.runner.request_ended(request.request_id, request.token_ids, request.num_prompt_tokens)
             parent = self._parent_of.get(request.request_id)
             if parent is not None:
                 for child in parent.release():  # child 0 has a token: the prompt's blocks are cached
-                    self._submit(child, parent.prompt)
+                    self._submit(child, parent.prompt, parent.stream)
+            if not self.outputs.wants_output(request):
+                continue
+            output = self.outputs.output(request)
+            output.hidden_states_path = saved
+            if parent is not None:
                 output = parent.merge(output)
                 if output.finished:
                     self._forget_parent(parent)

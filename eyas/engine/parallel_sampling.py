@@ -26,10 +26,11 @@ def child_seeds(seed: int | None, n: int, draw) -> list[int]:
 
 
 class ParentRequest:
-    def __init__(self, request_id: str, children: list[Request], prompt: str | None):
+    def __init__(self, request_id: str, children: list[Request], prompt: str | None, stream: bool = True):
         self.request_id = request_id
         self.children = children  # [n], child i at index i
         self.prompt = prompt
+        self.stream = stream  # its children's outputs are read before they end
         self.held = children[1:]  # not yet handed to the scheduler
         self.latest: list[RequestOutput | None] = [None] * len(children)
 
