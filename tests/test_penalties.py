@@ -36,6 +36,43 @@ def test_penalize_follows_the_documented_example():
     assert penalize(logits, [(plain, [5, 7], 1, [9])]) is logits  # nothing to do: no copy
 
 
+
+def _dense_reference(x, params, prompt, output, drafts):
+    """The formula over the whole vocabulary, row by row: counts of the output and of drafts[:j]."""
+    x = x.clone()
+    for j in range(len(x)):
+        counts = torch.zeros(x.shape[1], dtype=torch.int64)
+        for t in output + drafts[:j]:
+            counts[t] += 1
+        for t, b in (params.logit_bias or {}).items():
+            x[j, int(t)] += b
+        hit = counts > 0
+        hit[prompt] = True
+        if params.repetition_penalty != 1.0:
+            x[j] = torch.where(hit, torch.where(x[j] > 0, x[j] / params.repetition_penalty,
+                                                x[j] * params.repetition_penalty), x[j])
+        x[j] = x[j] - params.frequency_penalty * counts - params.presence_penalty * (counts > 0)
+    return x
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_penalize_equals_the_formula_over_the_whole_vocabulary_bit_for_bit(seed):
+    """Random histories with repeats, drafts that repeat the output and each other, two requests in one batch (one
+    without penalties): the rows equal the formula applied to every token of the vocabulary, exactly."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = 300
+    rows, want, x = [], [], []
+    for r, params in enumerate((SamplingParams(**PENALTIES), SamplingParams(),
+                                SamplingParams(repetition_penalty=0.8, presence_penalty=-0.3))):
+        prompt = torch.randint(0, 40, (int(torch.randint(1, 30, (1,), generator=g)),), generator=g).tolist()
+        output = torch.randint(20, 60, (int(torch.randint(0, 50, (1,), generator=g)),), generator=g).tolist()
+        drafts = torch.randint(50, 70, (r + 2,), generator=g).tolist()
+        logits = torch.randn(len(drafts) + 1, vocab, generator=g) * 4
+        rows.append((params, prompt + output, len(prompt), drafts))
+        want.append(_dense_reference(logits, params, prompt, output, drafts) if params.has_penalties else logits)
+        x.append(logits)
+    assert torch.equal(penalize(torch.cat(x), rows), torch.cat(want))
+
 def test_greedy_repetition_penalty_equals_hf(tiny_models):
     model = tiny_models["llama"]
     prompts = [[3, 9, 9, 4, 100, 3], [250, 1, 1, 1, 7]]
