@@ -20,6 +20,8 @@ halves then loses 0.5 + 1.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 from torch import Tensor
 
@@ -30,42 +32,46 @@ def penalize(logits: Tensor, rows: list[tuple[SamplingParams, list[int], int, li
     """logits [N, V] of consecutive verify rows; ``rows``: per request, in row order, (params, token ids
     (prompt then output), number of prompt tokens, drafts). Request r owns ``len(drafts) + 1`` rows.
     Returns new logits (the input is kept: logprobs report the raw distribution); requests without
-    penalties pass through, and a batch without any costs nothing."""
+    penalties pass through, and a batch without any costs nothing.
+
+    Only the tokens a row has seen change (a token never seen is neither scaled nor lowered), so the batch is
+    penalized at once over its (row, seen token) pairs, in a dozen tensor operations whatever the batch: per
+    request and over the whole vocabulary it took a quarter of a batch-16 step at the default model's
+    sampling settings (repetition penalty 1.1)."""
     if not any(p.has_penalties for p, *_ in rows):
         return logits
     out = logits.to(torch.float32, copy=True)
     vocab, device = out.shape[-1], out.device
+    seen_keys, prompt_keys, factors = [], [], []  # keys row * V + token; per row (repetition, frequency, presence)
     start = 0
     for params, token_ids, num_prompt, drafts in rows:
         n = len(drafts) + 1
         if params.has_penalties:
-            out[start:start + n] = _penalize_request(out[start:start + n], params, token_ids[:num_prompt],
-                                                     token_ids[num_prompt:], drafts, vocab, device)
+            if params.logit_bias:
+                bias = torch.tensor(list(params.logit_bias), dtype=torch.int64, device=device)
+                out[start:start + n, bias] += torch.tensor(list(params.logit_bias.values()), dtype=torch.float32,
+                                                           device=device)
+            output = token_ids[num_prompt:]
+            for j in range(n):  # row j also counts drafts 0..j-1
+                base = (start + j) * vocab
+                seen_keys += [base + t for t in output + drafts[:j]]
+                if params.repetition_penalty != 1.0:
+                    prompt_keys += [base + t for t in token_ids[:num_prompt]]
+        factors += [(params.repetition_penalty, params.frequency_penalty, params.presence_penalty)] * n
         start += n
+    pairs = dict.fromkeys(prompt_keys, 0)  # key -> occurrences in the row's output and drafts (prompt only: 0)
+    pairs.update(Counter(seen_keys))
+    if not pairs:
+        return out
+    keys = torch.tensor(list(pairs), dtype=torch.int64, device=device)  # [S]
+    counts = torch.tensor(list(pairs.values()), dtype=torch.int64, device=device)  # [S]
+    row, token = keys // vocab, keys % vocab
+    repetition, frequency, presence = torch.tensor(factors, dtype=torch.float32, device=device)[row].unbind(1)
+    seen = counts > 0
+    x = out[row, token]  # [S]
+    scaled = torch.where(x > 0, x / repetition, x * repetition)
+    x = torch.where(repetition != 1.0, scaled, x)  # every pair of such a row was seen or is in its prompt
+    x = x - frequency * counts
+    x = x - presence * seen
+    out[row, token] = x
     return out
-
-
-def _penalize_request(x: Tensor, params: SamplingParams, prompt: list[int], output: list[int], drafts: list[int],
-                      vocab: int, device: torch.device) -> Tensor:
-    """x [n, V] = the rows of one request (row j follows drafts[:j])."""
-    if params.logit_bias:
-        ids = torch.tensor(list(params.logit_bias), dtype=torch.int64, device=device)
-        x[:, ids] += torch.tensor(list(params.logit_bias.values()), dtype=torch.float32, device=device)
-    committed = torch.bincount(torch.tensor(output, dtype=torch.int64, device=device), minlength=vocab)  # [V]
-    counts = committed.expand(len(x), vocab).clone()  # [n, V]
-    if drafts:  # row j also counts drafts 0..j-1
-        steps = torch.zeros(len(x), vocab, dtype=counts.dtype, device=device)
-        steps[torch.arange(1, len(x), device=device), torch.tensor(drafts, dtype=torch.int64, device=device)] = 1
-        counts += steps.cumsum(dim=0)
-    seen = counts > 0  # [n, V]
-    if params.repetition_penalty != 1.0:
-        in_prompt = torch.zeros(vocab, dtype=torch.bool, device=device)
-        in_prompt[torch.tensor(prompt, dtype=torch.int64, device=device)] = True
-        hit = seen | in_prompt
-        scaled = torch.where(x > 0, x / params.repetition_penalty, x * params.repetition_penalty)
-        x = torch.where(hit, scaled, x)
-    if params.frequency_penalty:
-        x = x - params.frequency_penalty * counts
-    if params.presence_penalty:
-        x = x - params.presence_penalty * seen
-    return x
