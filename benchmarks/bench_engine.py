@@ -16,13 +16,20 @@ Then the batch-1 decode step of eyas is compared to the memory-bandwidth bound: 
 must read every weight once, so it cannot beat ``weight bytes / bandwidth``, with the bandwidth
 measured here by a large tensor copy.
 
+``--sampling model-defaults`` samples instead, both engines with the model's own sampling settings (its
+generation config, or the built-in model's card: ``LLM.get_default_sampling_params``), what a user gets
+without choosing: HF ``do_sample=True`` with the same temperature, top-p, top-k and repetition penalty.
+The outputs then differ (each engine has its own random numbers), so none are compared.
+
     python benchmarks/bench_engine.py                      # fp32, B = 1,8,32, 128 tokens
     python benchmarks/bench_engine.py --batch-sizes 1,8 --max-tokens 32
+    python benchmarks/bench_engine.py --sampling model-defaults --batch-sizes 1,16
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import statistics
 import sys
@@ -56,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=None, help="prompts loaded (default: max batch size)")
     p.add_argument("--decode-reps", type=int, default=3, help="batch-1 requests for the decode step time")
     p.add_argument("--skip-hf", action="store_true", help="time eyas only")
+    p.add_argument("--sampling", choices=["greedy", "model-defaults"], default="greedy",
+                   help="greedy, or both engines sampling with the model's default settings")
     args = p.parse_args(argv)
     if args.threads < 1:
         p.error(f"--threads {args.threads}: must be >= 1")
@@ -132,8 +141,21 @@ def render_prompts(llm: LLM, n: int) -> list[list[int]]:
     return [tok.encode(t, add_special_tokens=False) for t in texts]
 
 
-def time_eyas(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+def eyas_params(llm: LLM, sampling: str, max_tokens: int) -> SamplingParams:
+    base = SamplingParams(temperature=0) if sampling == "greedy" else llm.get_default_sampling_params()
+    return dataclasses.replace(base, max_tokens=max_tokens, ignore_eos=True)
+
+
+def hf_sampling(params: SamplingParams) -> dict:
+    """HF ``generate`` arguments drawing from the distribution ``params`` describes."""
+    if params.greedy:
+        return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    return {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+            "repetition_penalty": params.repetition_penalty}
+
+
+def time_eyas(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple[float, list[list[int]]]:
+    max_tokens = params.max_tokens
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - t0
@@ -142,8 +164,9 @@ def time_eyas(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[floa
     return sum(map(len, ids)) / elapsed, ids
 
 
-def time_hf(model, prompts: list[list[int]], max_tokens: int, pad_id: int) -> tuple[float, list[list[int]]]:
-    """Batched greedy ``generate`` with left padding; returns (tokens/s, new token ids)."""
+def time_hf(model, prompts: list[list[int]], max_tokens: int, pad_id: int,
+            sampling: dict) -> tuple[float, list[list[int]]]:
+    """Batched ``generate`` (``sampling``: ``hf_sampling``) with left padding; returns (tokens/s, new token ids)."""
     width = max(map(len, prompts))
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # [B, width]
     mask = torch.zeros((len(prompts), width), dtype=torch.long)  # [B, width]
@@ -152,9 +175,8 @@ def time_hf(model, prompts: list[list[int]], max_tokens: int, pad_id: int) -> tu
         mask[i, width - len(p):] = 1
     t0 = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False,
-                             max_new_tokens=max_tokens, min_new_tokens=max_tokens, use_cache=True,
-                             pad_token_id=pad_id, temperature=None, top_p=None, top_k=None)
+        out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_tokens,
+                             min_new_tokens=max_tokens, use_cache=True, pad_token_id=pad_id, **sampling)
     elapsed = time.perf_counter() - t0
     new = out[:, width:]  # [B, max_tokens]
     assert new.shape[1] == max_tokens, f"HF made {new.shape[1]} tokens, asked for {max_tokens}"
@@ -207,20 +229,24 @@ def main(argv: list[str] | None = None) -> int:
         pad_id = (pad_id[0] if isinstance(pad_id, list) else pad_id) or 0
     print(f"model {model_path}; prompts: first {args.num_prompts} chat prompts "
           f"({min(map(len, measured))}-{max(map(len, measured))} tokens), warm-up on the next ones; "
-          f"eyas prefix caching off (equal work); greedy, {args.max_tokens} new tokens"
+          f"eyas prefix caching off (equal work); {args.max_tokens} new tokens"
           + ("" if args.hf_max_tokens == args.max_tokens else f" (HF: {args.hf_max_tokens})"))
+    params = eyas_params(llm, args.sampling, args.max_tokens)
+    sampling = hf_sampling(params)
+    print(f"sampling: {args.sampling}: temperature {params.temperature}, top_p {params.top_p}, top_k {params.top_k}, "
+          f"repetition penalty {params.repetition_penalty}")
 
     print(f"\n{'B':>4} {'eyas tok/s':>11} {'HF tok/s':>10} {'eyas/HF':>8} {'identical':>10}")
     for b in args.batch_sizes:
-        time_eyas(llm, warmup[:b], WARMUP_TOKENS)
-        eyas_tps, eyas_ids = time_eyas(llm, measured[:b], args.max_tokens)
+        time_eyas(llm, warmup[:b], dataclasses.replace(params, max_tokens=WARMUP_TOKENS))
+        eyas_tps, eyas_ids = time_eyas(llm, measured[:b], params)
         if hf is None:
             print(f"{b:>4} {eyas_tps:>11.1f} {'-':>10} {'-':>8} {'-':>10}", flush=True)
             continue
-        time_hf(hf, warmup[:b], WARMUP_TOKENS, pad_id)
-        hf_tps, hf_ids = time_hf(hf, measured[:b], args.hf_max_tokens, pad_id)
-        same = count_matches(eyas_ids, hf_ids, eos)
-        print(f"{b:>4} {eyas_tps:>11.1f} {hf_tps:>10.1f} {eyas_tps / hf_tps:>7.2f}x {same:>5}/{b:<4}", flush=True)
+        time_hf(hf, warmup[:b], WARMUP_TOKENS, pad_id, sampling)
+        hf_tps, hf_ids = time_hf(hf, measured[:b], args.hf_max_tokens, pad_id, sampling)
+        same = f"{count_matches(eyas_ids, hf_ids, eos)}/{b}" if params.greedy else "-"
+        print(f"{b:>4} {eyas_tps:>11.1f} {hf_tps:>10.1f} {eyas_tps / hf_tps:>7.2f}x {same:>10}", flush=True)
     print("tok/s = generated tokens / wall time of one generate call (prefill included); identical = "
           "greedy outputs equal token for token (up to eyas's first EOS, which HF's min_new_tokens forbids)")
 
