@@ -15,35 +15,19 @@ and step.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 import transformers
-from bench_common import batch_sizes, cpu_line
 
-from eyas import LLM, SamplingParams
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from bench_common import batch_sizes, cpu_line  # noqa: E402
+from tiny_models import make_tiny_model  # noqa: E402  (the tests' tiny random Llama and byte-level tokenizer)
 
-VOCAB = 320
-
-
-def tiny_model(folder: Path) -> Path:
-    """A random 3-layer Llama with a byte-level tokenizer, saved in ``folder``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                   max_position_embeddings=1024, bos_token_id=256, eos_token_id=258)
-    transformers.LlamaForCausalLM(cfg).save_pretrained(folder)
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    tok.save(str(folder / "tokenizer.json"))
-    return folder
+from eyas import LLM, SamplingParams  # noqa: E402
 
 
 def measure(folder: Path, hf, b: int, args) -> str:
@@ -98,7 +82,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     print(cpu_line())
-    folder = tiny_model(Path(tempfile.mkdtemp()) / "tiny")
+    folder = make_tiny_model(Path(tempfile.mkdtemp()) / "tiny")
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     print(f"{'B':>4} {'eyas tok/s':>10} {'HF tok/s':>9} {'eyas/HF':>7} {'eyas step':>9} {'forward':>8} "
           f"{'rest per request-step':>21}")

@@ -80,7 +80,7 @@ def model_card(trainer, argv: list[str], evaluation: dict | None) -> Path:
     if evaluation:
         lines += ["## Measured acceptance (eyas engine, greedy chain drafting, batch 1)", "",
                   f"{evaluation['num_prompts']} held-out prompts, {evaluation['max_tokens']} new tokens; "
-                  f"plain target {evaluation['plain_tok_s']} tok/s ({evaluation.get('weights', 'weights not recorded')}).",
+                  f"plain target {evaluation['plain_tok_s']} tok/s ({evaluation['weights']}).",
                   "",
                   "| k | mean acceptance length | per-position acceptance | tok/s | speedup |",
                   "|---|---|---|---|---|"]
