@@ -11,6 +11,7 @@ CPU (deterministic kernels, same thread count) ends with bitwise the same weight
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -335,6 +336,10 @@ class Trainer:
                 self.save_checkpoint()
         if bar is not None:
             bar.close()
+        if self.world > 1:  # leave DDP while every rank is alive: its reducer holds the process group, and a gloo
+            self.model = self.loss_module  # group torn down at interpreter exit can abort the process (CI saw
+            gc.collect()  # "terminate called without an active exception" on one rank of two)
+            dist.barrier()
         self.train_seconds = time.perf_counter() - start
         self.tokens_per_second = (self.tokens_seen - start_tokens) / max(1e-9, self.train_seconds)
         if self.tokens_seen == start_tokens and metrics_file.is_file():  # a finished run, re-run for its export:
