@@ -1,7 +1,8 @@
 """RMSNorm, the rotary embedding, the SiLU gate and the sampling reductions (argmax, Gumbel-max, a row's
-best values) through ``eyas/kernels/token_ops.c`` against PyTorch's unfused ops: bit for bit where the
-arithmetic is the same (rotary, the reductions), else within stated tolerances, and
-thread- and batch-invariant; autograd and a machine without a C compiler take PyTorch's ops."""
+best values, the log_softmax over the values above a floor) through ``eyas/kernels/token_ops.c`` against
+PyTorch's unfused ops: bit for bit where the arithmetic is the same (rotary, the reductions), else within
+stated tolerances, and thread- and batch-invariant; autograd and a machine without a C compiler take
+PyTorch's ops."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from kernel_helpers import without_c_compiler
 from eyas.model import layers
 from eyas.model.layers import RMSNorm, RotaryEmbedding, apply_rotary, silu_and_mul
 from eyas.sampling.noise import gumbel
-from eyas.sampling.row_ops import argmax, gumbel_argmax, top_values
+from eyas.sampling.row_ops import argmax, gumbel_argmax, log_normaliser, log_softmax_above_, top_values
 
 ROWS = [1, 3, 40, 300]  # 300 rows of 576 or more take the kernel's threaded loop
 
@@ -165,6 +166,48 @@ def test_top_values_equal_pytorch_topk(width, n, threads):
     assert torch.equal(top_values(x, width).nan_to_num(), torch.topk(x, width, dim=-1).values.nan_to_num())
 
 
+def _masked_log_softmax(x, floor):
+    """The formula from PyTorch's own ops, in float64: values below the floor masked, then log_softmax."""
+    return torch.log_softmax(x.double().masked_fill(x < floor, -math.inf), dim=-1)
+
+
+@pytest.mark.parametrize("n", [1, 5, 16, 17, 47, 49152])
+@torch.inference_mode()
+def test_log_softmax_above_matches_pytorch(n, threads):
+    """Rows of logits at temperature 0.2 (most values more than 87 below the best: exp gives 0 there) and 1,
+    floors of -inf and inside the row, -inf among the values; a row of -inf, a row whose floor is above
+    every value, a NaN and a +inf give NaN rows as PyTorch's formula does. 1 and 2 threads, alone and in 40
+    rows: the same bits."""
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randn(40, n, generator=gen) * 3
+    x[:20] /= 0.2
+    floor = torch.full((40, 1), -math.inf)
+    floor[10:30, 0] = x[10:30].quantile(0.7, dim=-1)  # about 30% kept
+    x[5, 1::3] = -math.inf
+    x[30] = -math.inf
+    floor[31, 0] = x[31].max() + 1
+    x[32, n // 2] = math.nan
+    x[33, n // 3] = math.inf
+    want = _masked_log_softmax(x, floor)
+    got, z = [], []
+    for t in (1, 2):
+        threads(t)
+        got.append(log_softmax_above_(x.clone(), floor).nan_to_num())
+        z.append(log_normaliser(x, floor).nan_to_num())
+    assert torch.equal(got[0], got[1]) and torch.equal(got[0][7:8], log_softmax_above_(x[7:8].clone(), floor[7:8]))
+    assert torch.equal(z[0], z[1]) and torch.equal(z[0][12:13], log_normaliser(x[12:13], floor[12:13]))
+    got = log_softmax_above_(x.clone(), floor)
+    good = [r for r in range(40) if r not in (30, 31, 32, 33)]
+    assert torch.equal(got[good].isinf(), want[good].isinf())  # the same values kept
+    torch.testing.assert_close(got[good].double(), want[good], rtol=1e-6, atol=2e-5)
+    assert got[[30, 31, 32, 33]].isnan().all() and want[[30, 31, 32, 33]].isnan().all()
+    z = log_normaliser(x, floor).double()  # [40, 1]
+    torch.testing.assert_close(z[good], torch.logsumexp(x.double().masked_fill(x < floor, -math.inf), -1,
+                                                        keepdim=True)[good], rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(log_normaliser(x[good]).double(), torch.logsumexp(x[good].double(), -1, keepdim=True),
+                               rtol=1e-6, atol=1e-5)
+
+
 def test_autograd_takes_pytorch_ops():
     norm = RMSNorm(32, 1e-5)
     x = torch.randn(4, 32, requires_grad=True)
@@ -188,3 +231,5 @@ def test_without_a_c_compiler_pytorch_ops_serve(monkeypatch, tmp_path):
             assert torch.equal(argmax(x), x.argmax(dim=-1))
             seeds = torch.arange(3)
             assert torch.equal(gumbel_argmax(x, seeds, seeds), (gumbel(seeds, seeds, 24) + x).argmax(dim=-1))
+            floor = x.median(dim=-1, keepdim=True).values
+            torch.testing.assert_close(log_softmax_above_(x.clone(), floor).double(), _masked_log_softmax(x, floor))

@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "exp8.h"
+#include "vector_exp.h"
 
 #define Q_CHUNK 64 /* query tokens of a request per work item */
 
@@ -207,8 +207,6 @@ static inline __attribute__((always_inline)) void attend_item(
     }
     finish_rows(out, q_start, rows, groups, kv_head * groups, num_heads, d, acc, l);
 }
-
-typedef float v16f __attribute__((vector_size(64)));
 
 static inline v16f load16(const float *p) {
     v16f v;

@@ -119,6 +119,8 @@ class _TokenOps(NamedTuple):
     argmax: ctypes._CFuncPtr
     gumbel_argmax: ctypes._CFuncPtr
     top_values: ctypes._CFuncPtr
+    log_normaliser: ctypes._CFuncPtr
+    log_softmax_above: ctypes._CFuncPtr
 
 
 @functools.cache
@@ -134,7 +136,9 @@ def _token_ops() -> _TokenOps | None:
                      kernels.entry("token_ops", ptr, ptr, i64, i64, i32, function="silu_mul"),
                      kernels.entry("token_ops", ptr, ptr, i64, i64, i32, function="argmax"),
                      kernels.entry("token_ops", ptr, ptr, ptr, ptr, ptr, i64, i64, i32, function="gumbel_argmax"),
-                     kernels.entry("token_ops", ptr, ptr, i64, i64, i64, i32, function="top_values"))
+                     kernels.entry("token_ops", ptr, ptr, i64, i64, i64, i32, function="top_values"),
+                     kernels.entry("token_ops", ptr, ptr, ptr, i64, i64, i32, function="log_normaliser"),
+                     kernels.entry("token_ops", ptr, ptr, i64, i64, i32, function="log_softmax_above"))
 
 
 def _native(x: torch.Tensor, param: torch.Tensor | None = None) -> bool:

@@ -1,21 +1,30 @@
 """The reductions over a vocabulary row that every token goes through: greedy (``argmax``), seeded
-sampling (``gumbel_argmax``) and the best values that top-k and top-p sort (``top_values``).
+sampling (``gumbel_argmax``), the best values that top-k and top-p sort (``top_values``) and the
+softmax over the values kept (``log_normaliser``, ``log_softmax_above_``).
 
 On a CPU, float32 rows take ``eyas/kernels/token_ops.c``; a sampling step pays these per row it samples
 or verifies. For a 49k-vocabulary row PyTorch's CPU argmax reads one value at a time (about 0.15 ms),
-Gumbel noise built from tensors takes a dozen passes over an int64 copy of the row (about 2 ms), and
-topk of 1,024 values about 0.5 ms. The Gumbel kernel also skips blocks of 16 masked (-inf) values,
-which top-k and top-p leave in nearly every row. Elsewhere (CUDA, autograd, no C compiler) the same
-functions run as tensor ops.
+Gumbel noise built from tensors takes a dozen passes over an int64 copy of the row (about 2 ms), topk
+of 1,024 values about 0.5 ms, and masking then a log_softmax eight tensor ops (0.1-0.3 ms). The Gumbel
+kernel also skips blocks of 16 masked (-inf) values, which top-k and top-p leave in nearly every row.
+Elsewhere (CUDA, autograd, no C compiler) the same functions run as tensor ops.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
 
 from eyas.model.layers import _native, _token_ops
 from eyas.sampling.noise import gumbel
+
+# PyTorch's CPU exp takes a slow path where its result is below float32's normal range (and at -inf): about
+# 150 ns a value, against 1 ns. At temperature 0.2 most of a row's 49k scaled logits lie that far below the
+# best one, and a row's normaliser alone took a millisecond. No exponent below this is ever taken: a term
+# under e^-87 cannot change a float32 sum that holds a term of 1.
+EXP_FLOOR = -87.0
 
 
 def argmax(x: Tensor) -> Tensor:
@@ -59,3 +68,29 @@ def top_values(x: Tensor, width: int) -> Tensor:
     if _token_ops().top_values(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], width, torch.get_num_threads()):
         return torch.topk(x, width, dim=-1, sorted=True).values  # a NaN: PyTorch places it
     return out
+
+
+def log_normaliser(x: Tensor, floor: Tensor | None = None) -> Tensor:
+    """x [N, V] -> [N, 1] log(sum(exp(x))) per row over its values >= ``floor`` [N, 1] (None: all of them),
+    as logsumexp (see EXP_FLOOR)."""
+    if not (x.dim() == 2 and _native(x)):
+        if floor is not None:
+            x = x.masked_fill(x < floor, -math.inf)
+        top = x.amax(dim=-1, keepdim=True)
+        return top + (x - top).clamp_(min=EXP_FLOOR).exp_().sum(dim=-1, keepdim=True).log_()
+    x = x.contiguous()
+    floor = None if floor is None else floor.to(torch.float32).contiguous()
+    out = torch.empty(x.shape[0], 1, dtype=torch.float32)
+    _token_ops().log_normaliser(x.data_ptr(), None if floor is None else floor.data_ptr(), out.data_ptr(),
+                                x.shape[0], x.shape[1], torch.get_num_threads())
+    return out
+
+
+def log_softmax_above_(x: Tensor, floor: Tensor) -> Tensor:
+    """In place on x [N, V]: values below ``floor`` [N, 1] become -inf, the others their log-probability
+    among the values kept (``x - log_normaliser(x, floor)``). Returns x."""
+    if not (x.dim() == 2 and x.is_contiguous() and _native(x)):
+        return x.masked_fill_(x < floor, -math.inf).sub_(log_normaliser(x))
+    floor = floor.to(torch.float32).contiguous()
+    _token_ops().log_softmax_above(x.data_ptr(), floor.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads())
+    return x

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from eyas.sampling.params import SamplingParams
-from eyas.sampling.row_ops import argmax, gumbel_argmax, top_values
+from eyas.sampling.row_ops import EXP_FLOOR, argmax, gumbel_argmax, log_normaliser, log_softmax_above_, top_values
 
 
 @dataclass
@@ -88,13 +88,6 @@ class SamplerOutput:
     logprobs: LogprobsTensors | None
 
 
-# PyTorch's CPU exp takes a slow path where its result is below float32's normal range (and at -inf): about
-# 150 ns a value, against 1 ns. At temperature 0.2 most of a row's 49k scaled logits lie that far below the
-# best one, and a row's normaliser alone took a millisecond. No exponent below this is ever taken: a term
-# under e^-87 cannot change a float32 sum that holds a term of 1.
-EXP_FLOOR = -87.0
-
-
 def probabilities(logprobs: Tensor) -> Tensor:
     """exp(logprobs), with what lies below e^EXP_FLOOR (1.6e-38: float32's subnormals) as 0."""
     return logprobs.clamp(min=EXP_FLOOR).exp_().masked_fill_(logprobs < EXP_FLOOR, 0.0)
@@ -104,12 +97,6 @@ def log_probabilities(probs: Tensor) -> Tensor:
     """log(probs), with 0 (and subnormals) as -inf: PyTorch's CPU log of 0 takes a slow path too."""
     tiny = math.exp(EXP_FLOOR)
     return probs.clamp(min=tiny).log_().masked_fill_(probs < tiny, -math.inf)
-
-
-def _log_normaliser(x: Tensor) -> Tensor:
-    """[N, V] -> [N, 1] log(sum(exp(x))) per row, as logsumexp (see EXP_FLOOR)."""
-    top = x.amax(dim=-1, keepdim=True)
-    return top + (x - top).clamp_(min=EXP_FLOOR).exp_().sum(dim=-1, keepdim=True).log_()
 
 
 NUCLEUS_WIDTHS = (64, 1024, 8192)  # the best values sorted for top-p, widest last, before the whole vocabulary
@@ -133,8 +120,7 @@ def _thresholds(x: Tensor, k: Tensor, top_p: Tensor, width: int, any_top_k: bool
     kth = torch.where((k == vocab)[:, None] & (width < vocab), -math.inf, kth)
     settled = (k <= width) | (k == vocab)  # [N]
     vals = vals.masked_fill(vals < kth, -math.inf)
-    kept = x.masked_fill(x < kth, -math.inf) if any_top_k else x  # without top-k, kth is -inf (or the minimum)
-    log_z = _log_normaliser(kept)  # [N, 1]
+    log_z = log_normaliser(x, kth if any_top_k else None)  # [N, 1]; without top-k, kth is -inf (or the minimum)
     mass = torch.cumsum(probabilities(vals - log_z), dim=-1)  # [N, width]
     mass_before = torch.nn.functional.pad(mass[:, :-1], (1, 0))  # exclusive cumsum
     num_keep = (mass_before < top_p[:, None]).sum(dim=-1, keepdim=True)  # >= 1
@@ -163,15 +149,14 @@ class Sampler:
         """
         logits = logits.to(torch.float32)  # [N, V]
         greedy = batch.temperature == 0  # [N]
-        x = logits / torch.where(greedy, 1.0, batch.temperature)[:, None]
+        x = logits / torch.where(greedy, 1.0, batch.temperature)[:, None]  # a new tensor, changed in place below
         if batch.any_top_k or batch.any_top_p:
-            x = self._top_k_top_p(x, batch)
-        x = x - _log_normaliser(x)  # log_softmax
+            log_softmax_above_(x, self._top_k_top_p(x, batch))
+        else:
+            log_softmax_above_(x, torch.full((x.shape[0], 1), -math.inf, device=x.device))
         if batch.any_min_p:
             # prob < min_p * max_prob  <=>  logprob < log(min_p) + max_logprob (min_p=0 -> -inf).
-            floor = x.amax(dim=-1, keepdim=True) + torch.log(batch.min_p)[:, None]
-            x = x.masked_fill(x < floor, -math.inf)
-            x = x - _log_normaliser(x)
+            log_softmax_above_(x, x.amax(dim=-1, keepdim=True) + torch.log(batch.min_p)[:, None])
         if not batch.any_greedy:
             return x
         one_hot = torch.full_like(x, -math.inf).scatter_(1, argmax(logits)[:, None], 0.0)
@@ -179,7 +164,7 @@ class Sampler:
 
     @staticmethod
     def _top_k_top_p(x: Tensor, batch: SamplingBatch) -> Tensor:
-        """Mask [N, V] scaled logits below each row's threshold (``_thresholds``).
+        """[N, 1] each row's threshold (``_thresholds``) of [N, V] scaled logits: the smallest value kept.
 
         Thresholds (not sort positions) decide, so tokens tied at a boundary are all kept. Only the
         best values are sorted: the best max_top_k when every row has a top-k; else the best
@@ -200,7 +185,7 @@ class Sampler:
             if not len(rows):
                 break
             threshold[rows], settled = _thresholds(x[rows], k[rows], batch.top_p[rows], width, batch.any_top_k)
-        return x.masked_fill(x < threshold, -math.inf)
+        return threshold
 
     def sample(self, logits: Tensor, batch: SamplingBatch) -> SamplerOutput:
         """Greedy rows: argmax. Others: argmax(processed_logprobs + gumbel(seed, position))."""
