@@ -20,8 +20,6 @@ halves then loses 0.5 + 1.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import torch
 from torch import Tensor
 
@@ -37,12 +35,15 @@ def penalize(logits: Tensor, rows: list[tuple[SamplingParams, list[int], int, li
     Only the tokens a row has seen change (a token never seen is neither scaled nor lowered), so the batch is
     penalized at once over its (row, seen token) pairs, in a dozen tensor operations whatever the batch. Per
     request and over the whole vocabulary it took 5.3 ms of a 42 ms batch-16 step at the default model's
-    sampling settings (repetition penalty 1.1, 2 threads, profiled); this way 1.1 ms."""
+    sampling settings (repetition penalty 1.1, 2 threads, profiled); over pairs keyed and counted in Python
+    (dict, Counter) 2.1 ms for 16 rows of 264 tokens; as one tensor of keys counted by torch.unique, 1.15 ms.
+    """
     if not any(p.has_penalties for p, *_ in rows):
         return logits
     out = logits.to(torch.float32, copy=True)
     vocab, device = out.shape[-1], out.device
-    seen_keys, prompt_keys, factors = [], [], []  # keys row * V + token; per row (repetition, frequency, presence)
+    seen_ids, prompt_ids = [], []  # the tokens each row saw in its output and drafts, and in its prompt
+    seen_len, prompt_len, factors = [], [], []  # per row: how many of each; (repetition, frequency, presence)
     start = 0
     for params, token_ids, num_prompt, drafts in rows:
         n = len(drafts) + 1
@@ -53,18 +54,27 @@ def penalize(logits: Tensor, rows: list[tuple[SamplingParams, list[int], int, li
                                                            device=device)
             output = token_ids[num_prompt:]
             for j in range(n):  # row j also counts drafts 0..j-1
-                base = (start + j) * vocab
-                seen_keys += [base + t for t in output + drafts[:j]]
-                if params.repetition_penalty != 1.0:
-                    prompt_keys += [base + t for t in token_ids[:num_prompt]]
+                seen_ids += output
+                seen_ids += drafts[:j]
+                seen_len.append(len(output) + j)
+            if params.repetition_penalty != 1.0:
+                prompt_ids += token_ids[:num_prompt] * n
+                prompt_len += [num_prompt] * n
+            else:
+                prompt_len += [0] * n
+        else:
+            seen_len += [0] * n
+            prompt_len += [0] * n
         factors += [(params.repetition_penalty, params.frequency_penalty, params.presence_penalty)] * n
         start += n
-    pairs = dict.fromkeys(prompt_keys, 0)  # key -> occurrences in the row's output and drafts (prompt only: 0)
-    pairs.update(Counter(seen_keys))
-    if not pairs:
+    if not seen_ids and not prompt_ids:
         return out
-    keys = torch.tensor(list(pairs), dtype=torch.int64, device=device)  # [S]
-    counts = torch.tensor(list(pairs.values()), dtype=torch.int64, device=device)  # [S]
+    row_ids = torch.arange(start, dtype=torch.int64, device=device)
+    keys = torch.tensor(seen_ids + prompt_ids, dtype=torch.int64, device=device) + vocab * torch.cat(
+        [row_ids.repeat_interleave(torch.tensor(seen_len, device=device)),
+         row_ids.repeat_interleave(torch.tensor(prompt_len, device=device))])  # row * V + token, each occurrence
+    keys, occurrence = torch.unique(keys, return_inverse=True)  # [S] the (row, token) pairs, sorted
+    counts = torch.bincount(occurrence[:len(seen_ids)], minlength=len(keys))  # [S] in the output and drafts
     row, token = keys // vocab, keys % vocab
     repetition, frequency, presence = torch.tensor(factors, dtype=torch.float32, device=device)[row].unbind(1)
     seen = counts > 0
