@@ -267,6 +267,31 @@ def test_processed_logprobs_batch_invariant_and_keeps_boundary_ties():
         np.testing.assert_allclose(alone[i].exp().numpy(), naive_processed_probs(logits[i].numpy(), p), atol=1e-5)
 
 
+@pytest.mark.parametrize("width", [64, 1024])
+def test_nucleus_thresholds_kernel_equals_the_tensor_form(width, monkeypatch):
+    """token_ops.c's nucleus against ``_thresholds``' tensor ops: the same threshold and settled flag for rows
+    that top-k, top-p, both or neither decide, inside the width or past it, at temperatures 0.2 and 1, with
+    ties and -inf among the values; one row alone equals it in the batch."""
+    from eyas.sampling import sampler as sampler_module
+
+    rng = np.random.default_rng(width)
+    vocab, n = 49152, 24
+    x = torch.tensor(rng.normal(0, 3, (n, vocab)), dtype=torch.float32)
+    x[:12] /= 0.2
+    x[3] = x[3].round()  # ties
+    x[4, ::5] = -math.inf
+    x[5] = torch.tensor(rng.normal(0, 0.3, vocab), dtype=torch.float32)  # flat: the nucleus reaches past the width
+    k = torch.tensor(rng.choice([vocab, vocab, 1, 5, 40, 3000], n), dtype=torch.int64)
+    top_p = torch.tensor(rng.choice([1.0, 0.95, 0.9, 0.5], n), dtype=torch.float32)
+    k[0], top_p[0] = vocab, 1.0  # neither
+    got = sampler_module._thresholds(x, k, top_p, width, True)
+    assert torch.equal(sampler_module._thresholds(x[7:8], k[7:8], top_p[7:8], width, True)[0], got[0][7:8])
+    monkeypatch.setattr(sampler_module, "nucleus_thresholds", lambda *args: None)
+    want = sampler_module._thresholds(x, k, top_p, width, True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert not got[1].all() and got[1].any()  # rows settled and rows left for a wider sort
+
+
 def test_top_p_over_a_large_vocabulary_equals_a_full_sort():
     # The sampler sorts only the best 64 values, then 1,024, then 8,192, then the whole vocabulary, as far as
     # each row's top-k or nucleus reaches; rows of every reach must equal the naive reference, alone or batched.

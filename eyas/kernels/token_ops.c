@@ -256,46 +256,46 @@ static void sift_down(float *heap, int64_t size, int64_t at) {
     heap[at] = v;
 }
 
-/* out[r] = the `width` largest values of x[r] in descending order (torch.topk(x, width).values), for
-   1 <= width <= n: a min-heap of the best so far, which a block of 16 values enters only if one of them
-   beats its root (after the first few thousand values, almost none do), then heap-sorted. x [rows, n], out
-   [rows, width]. Returns 1, with out unspecified, if x holds a NaN (whose place PyTorch defines; the
-   caller asks PyTorch), else 0. */
+/* heap[0 .. width) = the `width` largest values of the row xr of n in descending order
+   (torch.topk(x, width).values), for 1 <= width <= n: a min-heap of the best so far, which a block of 16 values enters only if one of them
+   beats its root (after the first few thousand values, almost none do), then heap-sorted. Returns 1, with heap unspecified, if the row holds a NaN (whose place PyTorch defines),
+   else 0. eyas_top_values: every row of x [rows, n] into out [rows, width]; 1 if any row held a NaN (the
+   caller asks PyTorch). */
+static int row_top_values(const float *xr, int64_t n, float *heap, int64_t width) {
+    int nan = 0;
+    for (int64_t i = 0; i < width; i++) {
+        heap[i] = xr[i];
+        nan |= xr[i] != xr[i];
+    }
+    for (int64_t i = width / 2 - 1; i >= 0; i--) sift_down(heap, width, i);
+    for (int64_t i = width; i < n; i += 16) {
+        const int64_t block = n - i < 16 ? n - i : 16;
+        const float floor = heap[0];
+        int enters = 0;
+        for (int64_t l = 0; l < block; l++) {
+            enters |= xr[i + l] > floor;
+            nan |= xr[i + l] != xr[i + l];
+        }
+        if (!enters) continue;
+        for (int64_t l = 0; l < block; l++)
+            if (xr[i + l] > heap[0]) {
+                heap[0] = xr[i + l];
+                sift_down(heap, width, 0);
+            }
+    }
+    for (int64_t size = width - 1; size > 0; size--) { /* the smallest goes last: descending */
+        float smallest = heap[0];
+        heap[0] = heap[size];
+        heap[size] = smallest;
+        sift_down(heap, size, 0);
+    }
+    return nan;
+}
+
 int eyas_top_values(const float *x, float *out, int64_t rows, int64_t n, int64_t width, int num_threads) {
     int nan_seen = 0;
 #pragma omp parallel for num_threads(num_threads) schedule(static) reduction(| : nan_seen) if (rows > 1 && rows * n >= PARALLEL_MIN_FLOATS)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * n;
-        float *heap = out + r * width;
-        int nan = 0;
-        for (int64_t i = 0; i < width; i++) {
-            heap[i] = xr[i];
-            nan |= xr[i] != xr[i];
-        }
-        for (int64_t i = width / 2 - 1; i >= 0; i--) sift_down(heap, width, i);
-        for (int64_t i = width; i < n; i += 16) {
-            const int64_t block = n - i < 16 ? n - i : 16;
-            const float floor = heap[0];
-            int enters = 0;
-            for (int64_t l = 0; l < block; l++) {
-                enters |= xr[i + l] > floor;
-                nan |= xr[i + l] != xr[i + l];
-            }
-            if (!enters) continue;
-            for (int64_t l = 0; l < block; l++)
-                if (xr[i + l] > heap[0]) {
-                    heap[0] = xr[i + l];
-                    sift_down(heap, width, 0);
-                }
-        }
-        for (int64_t size = width - 1; size > 0; size--) { /* the smallest goes last: descending */
-            float smallest = heap[0];
-            heap[0] = heap[size];
-            heap[size] = smallest;
-            sift_down(heap, size, 0);
-        }
-        nan_seen |= nan;
-    }
+    for (int64_t r = 0; r < rows; r++) nan_seen |= row_top_values(x + r * n, n, out + r * width, width);
     return nan_seen;
 }
 
@@ -369,4 +369,45 @@ int eyas_log_softmax_above(float *x, const float *floor, int64_t rows, int64_t n
         for (; i < n; i++) xr[i] = xr[i] >= floor[r] ? xr[i] - z : (z == z ? -INFINITY : NAN);
     }
     return 0;
+}
+
+/* Each row's top-k then top-p threshold from its best `width` values (eyas.sampling.row_ops
+   nucleus_thresholds, whose tensor form states it): x [rows, n] scaled logits, k [rows] (n: top-k off),
+   top_p [rows] (1: off); threshold [rows] the smallest value kept, settled [rows] whether the best `width`
+   values decide it; vals [rows, width] scratch. The probabilities are exp(v - log_z) (0 below
+   e^-87), added up in double and rounded to float after each value, as PyTorch's CPU cumsum does. Returns 1,
+   with the outputs unspecified, if x holds a NaN (the caller asks PyTorch), else 0. */
+int eyas_nucleus(const float *x, const int64_t *k, const float *top_p, float *threshold, uint8_t *settled, float *vals,
+                 int64_t rows, int64_t n, int64_t width, int num_threads) {
+    int nan_seen = 0;
+#pragma omp parallel for num_threads(num_threads) schedule(static) reduction(| : nan_seen) if (rows > 1 && rows * n >= PARALLEL_MIN_FLOATS)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *v = vals + r * width;
+        if (row_top_values(xr, n, v, width)) {
+            nan_seen = 1;
+            continue;
+        }
+        float kth = v[(k[r] - 1 < width - 1 ? k[r] - 1 : width - 1)];
+        if (k[r] == n && width < n) kth = -INFINITY;
+        int done = k[r] <= width || k[r] == n;
+        for (int64_t i = 0; i < width; i++)
+            if (v[i] < kth) v[i] = -INFINITY;
+        const float log_z = row_log_normaliser(xr, n, kth);
+        double sum = 0.0;
+        float before = 0.0f, mass = 0.0f;
+        int64_t keep = 0;
+        for (int64_t i = 0; i < width; i++) {
+            keep += before < top_p[r];
+            const float d = v[i] - log_z;
+            sum += d < -87.0f ? 0.0f : expf(d);
+            mass = (float)sum;
+            before = mass;
+        }
+        const float t_p = top_p[r] < 1.0f ? v[keep - 1] : -INFINITY;
+        done &= top_p[r] >= 1.0f || mass >= top_p[r];
+        threshold[r] = kth > t_p ? kth : t_p;
+        settled[r] = (uint8_t)done;
+    }
+    return nan_seen;
 }

@@ -121,6 +121,7 @@ class _TokenOps(NamedTuple):
     top_values: ctypes._CFuncPtr
     log_normaliser: ctypes._CFuncPtr
     log_softmax_above: ctypes._CFuncPtr
+    nucleus: ctypes._CFuncPtr
 
 
 @functools.cache
@@ -138,7 +139,8 @@ def _token_ops() -> _TokenOps | None:
                      kernels.entry("token_ops", ptr, ptr, ptr, ptr, ptr, i64, i64, i32, function="gumbel_argmax"),
                      kernels.entry("token_ops", ptr, ptr, i64, i64, i64, i32, function="top_values"),
                      kernels.entry("token_ops", ptr, ptr, ptr, i64, i64, i32, function="log_normaliser"),
-                     kernels.entry("token_ops", ptr, ptr, i64, i64, i32, function="log_softmax_above"))
+                     kernels.entry("token_ops", ptr, ptr, i64, i64, i32, function="log_softmax_above"),
+                     kernels.entry("token_ops", ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i32, function="nucleus"))
 
 
 def _native(x: torch.Tensor, param: torch.Tensor | None = None) -> bool:

@@ -1,6 +1,7 @@
 """The reductions over a vocabulary row that every token goes through: greedy (``argmax``), seeded
-sampling (``gumbel_argmax``), the best values that top-k and top-p sort (``top_values``) and the
-softmax over the values kept (``log_normaliser``, ``log_softmax_above_``).
+sampling (``gumbel_argmax``), the best values that top-k and top-p sort (``top_values``), the thresholds
+they set (``nucleus_thresholds``) and the softmax over the values kept (``log_normaliser``,
+``log_softmax_above_``).
 
 On a CPU, float32 rows take ``eyas/kernels/token_ops.c``; a sampling step pays these per row it samples
 or verifies. For a 49k-vocabulary row PyTorch's CPU argmax reads one value at a time (about 0.15 ms),
@@ -94,3 +95,21 @@ def log_softmax_above_(x: Tensor, floor: Tensor) -> Tensor:
     floor = floor.to(torch.float32).contiguous()
     _token_ops().log_softmax_above(x.data_ptr(), floor.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads())
     return x
+
+
+def nucleus_thresholds(x: Tensor, k: Tensor, top_p: Tensor, width: int) -> tuple[Tensor, Tensor] | None:
+    """``eyas.sampling.sampler._thresholds`` in one call of ``token_ops.c`` per batch: (threshold [N, 1],
+    settled [N]) for x [N, V] float32 scaled logits, k [N] int64, top_p [N]; None where the kernel does not
+    serve (not a float32 CPU row, a width too wide for its heap, a NaN), for the caller's tensor ops. Its
+    probabilities take C's expf where the tensor form takes PyTorch's exp (within an ulp)."""
+    if not (x.dim() == 2 and 8 * width <= x.shape[1] and _native(x)):
+        return None
+    x = x.contiguous()
+    rows = x.shape[0]
+    k, top_p = k.to(torch.int64).contiguous(), top_p.to(torch.float32).contiguous()
+    threshold, settled = torch.empty(rows, 1, dtype=torch.float32), torch.empty(rows, dtype=torch.bool)
+    scratch = torch.empty(rows, width, dtype=torch.float32)
+    if _token_ops().nucleus(x.data_ptr(), k.data_ptr(), top_p.data_ptr(), threshold.data_ptr(), settled.data_ptr(),
+                            scratch.data_ptr(), rows, x.shape[1], width, torch.get_num_threads()):
+        return None
+    return threshold, settled

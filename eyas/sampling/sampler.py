@@ -15,7 +15,15 @@ import torch
 from torch import Tensor
 
 from eyas.sampling.params import SamplingParams
-from eyas.sampling.row_ops import EXP_FLOOR, argmax, gumbel_argmax, log_normaliser, log_softmax_above_, top_values
+from eyas.sampling.row_ops import (
+    EXP_FLOOR,
+    argmax,
+    gumbel_argmax,
+    log_normaliser,
+    log_softmax_above_,
+    nucleus_thresholds,
+    top_values,
+)
 
 
 @dataclass
@@ -114,6 +122,9 @@ def _thresholds(x: Tensor, k: Tensor, top_p: Tensor, width: int, any_top_k: bool
     Example: width 2, top-p 0.9: probs [.7, .25, .04, .01] settle (.95 >= .9, threshold .25's
     logit); probs [.5, .3, .15, .05] do not (.8 < .9).
     """
+    native = nucleus_thresholds(x, k, top_p, width)  # the same, in one C call on a CPU
+    if native is not None:
+        return native
     vocab = x.shape[-1]
     vals = top_values(x, width)  # [N, width], descending
     kth = vals.gather(1, (k - 1).clamp(max=width - 1)[:, None])  # [N, 1]
