@@ -292,6 +292,27 @@ def test_nucleus_thresholds_kernel_equals_the_tensor_form(width, monkeypatch):
     assert not got[1].all() and got[1].any()  # rows settled and rows left for a wider sort
 
 
+def test_processed_logprobs_without_the_c_kernels_equal_them(monkeypatch, tmp_path):
+    """The tensor forms (CUDA's path, and a CPU's without a C compiler) against token_ops.c's kernels on a
+    49,152-token batch of mixed settings: the same tokens kept, the same log-probabilities within float32
+    rounding (the kernels' exp and sums are their own)."""
+    from kernel_helpers import without_c_compiler
+
+    from eyas.model import layers
+
+    rng = np.random.default_rng(5)
+    n = 40
+    logits = torch.tensor(rng.normal(0, 3, (n, 49152)), dtype=torch.float32)
+    params = _random_params(rng, n)
+    batch = SamplingBatch.from_params(params, list(range(n)), [0] * n, "cpu")
+    native = Sampler().processed_logprobs(logits, batch)
+    with without_c_compiler(monkeypatch, tmp_path, layers._token_ops):
+        assert layers._token_ops() is None
+        tensors = Sampler().processed_logprobs(logits, batch)
+    assert torch.equal(native.isinf(), tensors.isinf())
+    torch.testing.assert_close(native, tensors, rtol=1e-5, atol=1e-5)
+
+
 def test_top_p_over_a_large_vocabulary_equals_a_full_sort():
     # The sampler sorts only the best 64 values, then 1,024, then 8,192, then the whole vocabulary, as far as
     # each row's top-k or nucleus reaches; rows of every reach must equal the naive reference, alone or batched.

@@ -233,3 +233,5 @@ def test_without_a_c_compiler_pytorch_ops_serve(monkeypatch, tmp_path):
             assert torch.equal(gumbel_argmax(x, seeds, seeds), (gumbel(seeds, seeds, 24) + x).argmax(dim=-1))
             floor = x.median(dim=-1, keepdim=True).values
             torch.testing.assert_close(log_softmax_above_(x.clone(), floor).double(), _masked_log_softmax(x, floor))
+            torch.testing.assert_close(log_normaliser(x, floor), torch.logsumexp(x.masked_fill(x < floor, -math.inf),
+                                                                                 -1, keepdim=True))
