@@ -257,10 +257,11 @@ static void sift_down(float *heap, int64_t size, int64_t at) {
 }
 
 /* heap[0 .. width) = the `width` largest values of the row xr of n in descending order
-   (torch.topk(x, width).values), for 1 <= width <= n: a min-heap of the best so far, which a block of 16 values enters only if one of them
-   beats its root (after the first few thousand values, almost none do), then heap-sorted. Returns 1, with heap unspecified, if the row holds a NaN (whose place PyTorch defines),
-   else 0. eyas_top_values: every row of x [rows, n] into out [rows, width]; 1 if any row held a NaN (the
-   caller asks PyTorch). */
+   (torch.topk(x, width).values), for 1 <= width <= n: a min-heap of the best so far, which a block of 16
+   values enters only if one of them beats its root (after the first few thousand values, almost none do),
+   then heap-sorted. Returns 1, with heap unspecified, if the row holds a NaN (whose place PyTorch
+   defines), else 0. eyas_top_values: every row of x [rows, n] into out [rows, width]; 1 if any row held a
+   NaN (the caller asks PyTorch). */
 static int row_top_values(const float *xr, int64_t n, float *heap, int64_t width) {
     int nan = 0;
     for (int64_t i = 0; i < width; i++) {
