@@ -220,12 +220,13 @@ def main(argv=None) -> int:
     print("\nn-gram speculation, batch 1, copy-heavy prompts (rewrite / proofread a passage)")
     spec_rows = []
     for threads in args.threads:
-        for method in (None, "ngram"):
+        for label, spec in (("no speculation", None),
+                            ("ngram", {"method": "ngram", "num_speculative_tokens": args.ngram_k})):
             llm = LLM(str(gguf), num_threads=threads, kv_cache_gb=0.5, enable_prefix_caching=False,
-                      speculative_config={"method": "ngram", "num_speculative_tokens": args.ngram_k} if method else None)
+                      speculative_config=spec)
             copy = render(llm, copy_prompts(args.batch1_prompts))
             tps, _ = time_eyas(llm, copy, args.max_tokens, 1, args.batch1_prompts)
-            spec_rows.append((f"eyas {'ngram' if method else 'no speculation'}", threads, tps))
+            spec_rows.append((f"eyas {label}", threads, tps))
             del llm
         with open(prompts_file, "w") as f:
             json.dump(copy, f)

