@@ -157,7 +157,7 @@ class Probe:
 
     def attach(self, llm: LLM) -> None:
         runner, proposer = llm.engine.runner, llm.engine.runner.proposer
-        propose, ended, forward = proposer.propose, proposer.request_ended, runner.forward
+        propose, ended, forward = proposer.propose, proposer.request_done, runner.forward
 
         def timed_propose(inp):
             start = time.perf_counter()
@@ -167,7 +167,7 @@ class Probe:
             return out
 
         proposer.propose = timed_propose
-        proposer.request_ended = _timed(ended, self.ended)
+        proposer.request_done = _timed(ended, self.ended)
         runner.forward = _timed(forward, self.forward)
 
     def line(self, name: str, b: int) -> str:

@@ -35,9 +35,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_spec import workloads  # noqa: E402
 
 from eyas import LLM  # noqa: E402
+from eyas.core.step import DoneRequest  # noqa: E402
 from eyas.spec.adaptive import DraftBudget, RowCost, allocate_drafts  # noqa: E402
 from eyas.spec.config import SpeculativeConfig  # noqa: E402
-from eyas.spec.proposer import ProposerInput, proposer_class  # noqa: E402
+from eyas.spec.proposer import ProposerInput  # noqa: E402
+from eyas.spec.registry import proposer_class  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -123,7 +125,7 @@ def replay(proposer, requests: list[tuple[list[int], list[int], object]], k: int
                 out.spec_tokens += accepted + 1
             emitted = truth[:accepted + 1]
         out.tokens += len(output) - 1
-        proposer.request_ended(request_id, prompt + output, len(prompt))
+        proposer.request_done(DoneRequest(request_id, prompt + output, len(prompt), None))
     return out
 
 

@@ -9,13 +9,6 @@ import sys
 import time
 
 
-def _layer_ids(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated layer ids like 2,15,27, got {text!r}") from None
-
-
 def _engine_args(parser: argparse.ArgumentParser, speculative: bool = True) -> None:
     g = parser.add_argument_group("engine")
     g.add_argument("--model", default=None, help="HF folder or .gguf file (default: built-in SmolLM2-135M-Instruct)")
@@ -41,36 +34,21 @@ def _engine_args(parser: argparse.ArgumentParser, speculative: bool = True) -> N
     if not speculative:
         return
     s = parser.add_argument_group("speculative decoding")
-    s.add_argument("--spec-method", default=None,
-                   help="ngram, suffix, draft_model, eagle, eagle3, mtp or extract_hidden_states (default: no speculation)")
+    from eyas.spec.registry import option_fields, proposer_methods
+
+    s.add_argument("--spec-method", default=None, choices=proposer_methods(), help="drafting method (default: none)")
     s.add_argument("--spec-tokens", type=int, default=None,
                    help="draft tokens per step (k); default: the checkpoint's (speculators folders), the longest draft "
                         "the suffix trees allow (suffix), else 4")
     s.add_argument("--spec-verification", default=None, choices=["rejection", "shared_noise"])
-    s.add_argument("--spec-model", default=None,
-                   help="draft model folder or .gguf (draft_model), or drafter checkpoint folder (eagle, eagle3, mtp)")
-    s.add_argument("--spec-draft-layers", type=int, default=None,
-                   help="self-speculation with the target's first N layers (draft_model)")
-    s.add_argument("--spec-lookup-min", type=int, default=None, help="ngram: smallest n-gram to match")
-    s.add_argument("--spec-lookup-max", type=int, default=None, help="ngram: largest n-gram to match")
-    s.add_argument("--spec-aux-layer-ids", type=_layer_ids, default=None,
-                   help="extract_hidden_states: layer ids to dump, e.g. 2,15,27 (id k = stream entering layer k)")
-    s.add_argument("--spec-output-dir", default=None, help="extract_hidden_states: folder for the files")
-    s.add_argument("--spec-include-output", action="store_true",
-                   help="extract_hidden_states: dump generated tokens' states too")
-    s.add_argument("--spec-suffix", action="store_true",
-                   help="eagle, eagle3, mtp: suffix decoding in front of the drafter; a request whose suffix draft "
-                        "scores at least k takes it (enable_suffix_decoding; the --suffix-* options apply)")
-    s.add_argument("--suffix-max-tree-depth", type=int, default=None,
-                   help="suffix: depth of the suffix trees, match plus draft (default 24)")
-    s.add_argument("--suffix-max-cached-requests", type=int, default=None,
-                   help="suffix: outputs kept in the global tree, the oldest evicted first (default 10000; 0 = none)")
-    s.add_argument("--suffix-max-spec-factor", type=float, default=None,
-                   help="suffix: draft at most this many tokens per matched token (default 1.0)")
-    s.add_argument("--suffix-min-token-prob", type=float, default=None,
-                   help="suffix: stop a draft where its estimated probability falls below this (default 0.1)")
-    s.add_argument("--suffix-cache", default=None, metavar="FILE",
-                   help="suffix: load the global tree from FILE at start (if it exists), save it there at exit")
+    for key, f in option_fields().items():  # each method's options, with the flags its Options declare
+        flag, text = f.metadata["flag"], f.metadata["help"]
+        if flag is None:
+            continue
+        if isinstance(f.default, bool):
+            s.add_argument(flag, dest=f"spec:{key}", action="store_true", default=None, help=text)
+        else:
+            s.add_argument(flag, dest=f"spec:{key}", type=f.metadata["parse"], default=None, help=text)
 
 
 def _sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -94,19 +72,12 @@ def _sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
 def _spec_config(args) -> dict | None:
     if args.spec_method is None:
         return None
-    from eyas.spec.proposer import proposer_class
+    from eyas.spec.registry import option_fields, proposer_class
 
     config = {"method": args.spec_method}
-    optional = {"verification": args.spec_verification, "model": args.spec_model,
-                "draft_num_layers": args.spec_draft_layers, "prompt_lookup_min": args.spec_lookup_min,
-                "prompt_lookup_max": args.spec_lookup_max, "aux_layer_ids": args.spec_aux_layer_ids,
-                "output_dir": args.spec_output_dir, "include_output_tokens": args.spec_include_output or None,
-                "suffix_decoding_max_tree_depth": args.suffix_max_tree_depth,
-                "suffix_decoding_max_cached_requests": args.suffix_max_cached_requests,
-                "suffix_decoding_max_spec_factor": args.suffix_max_spec_factor,
-                "suffix_decoding_min_token_prob": args.suffix_min_token_prob,
-                "suffix_decoding_cache_file": args.suffix_cache, "enable_suffix_decoding": args.spec_suffix or None}
-    config.update({key: value for key, value in optional.items() if value is not None})
+    if args.spec_verification is not None:
+        config["verification"] = args.spec_verification
+    config.update({key: getattr(args, f"spec:{key}") for key in option_fields() if getattr(args, f"spec:{key}", None) is not None})
     if args.spec_tokens is not None:
         config["num_speculative_tokens"] = args.spec_tokens
     elif proposer_class(args.spec_method).default_num_speculative_tokens(config) is None:
@@ -310,6 +281,8 @@ def cmd_regenerate(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from eyas.spec.extract_hidden_states import parse_layer_ids
+
     parser = argparse.ArgumentParser(prog="eyas", description="eyas: a compact LLM inference engine")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate from prompts, streaming to the terminal")
@@ -348,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     ext.add_argument("--data", required=True,
                      help="ShareGPT .json, .jsonl of conversations, or 'sharegpt' for the shipped ShareGPT file")
     ext.add_argument("--out", required=True, help="output folder (files, samples.jsonl journal, manifest.json)")
-    ext.add_argument("--layers", type=_layer_ids, default=None,
+    ext.add_argument("--layers", type=parse_layer_ids, default=None,
                      help="aux layer ids, vLLM convention (default: 2,N//2,N-3)")
     ext.add_argument("--regenerate", action="store_true",
                      help="replace the replies by the target's own, greedy or sampled (self-distillation); the last "

@@ -119,6 +119,9 @@ class SchedulerConfig:
         _require(self.max_model_len >= 2, f"max_model_len: {self.max_model_len} must be >= 2")
 
 
+MAX_SPECULATIVE_TOKENS = 16  # the most drafts speculative_config.num_speculative_tokens may ask for
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: ModelConfig
@@ -128,15 +131,13 @@ class EngineConfig:
     device: torch.device
     seed: int = 0
     enforce_eager: bool = False  # no CUDA graphs (they are used on CUDA only)
-    speculative: Any = None  # eyas.spec.config.SpeculativeConfig, set by the speculative issue
+    speculative: Any = None  # eyas.spec.config.SpeculativeConfig; None = no speculation
     quantization: str | None = None  # None, "gguf", "int8" or "bf16" (see resolve_quantization)
     matmul_precision: str = "highest"  # the quantized weights' products (see resolve_matmul_precision)
 
     @property
     def max_positions(self) -> int:
         """Rotary table size: max_model_len plus room for a drafter's lookahead positions."""
-        from eyas.spec.config import MAX_SPECULATIVE_TOKENS
-
         return self.scheduler.max_model_len + MAX_SPECULATIVE_TOKENS + 1
 
     @property

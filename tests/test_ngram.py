@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from eyas.spec.config import SpeculativeConfig
 from eyas.spec.ngram import NgramProposer, propose_ngram
-from eyas.spec.proposer import ProposerInput, proposer_class
+from eyas.spec.proposer import ProposerInput
+from eyas.spec.registry import proposer_class
 
 
 def brute_force(history: list[int], min_n: int, max_n: int, k: int) -> list[int]:
@@ -98,7 +100,8 @@ def _input(token_ids: list[list[int]], emitted: list[list[int]], num_emitted: li
 
 
 def test_proposer_drafts_from_history_plus_emitted():
-    spec = SimpleNamespace(num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=2)
+    spec = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                                        "prompt_lookup_max": 2})
     proposer = proposer_class("ngram")(spec, SimpleNamespace(device=torch.device("cpu")), None)
     assert isinstance(proposer, NgramProposer) and proposer.method == "ngram"
     inp = _input(

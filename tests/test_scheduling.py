@@ -116,6 +116,7 @@ def test_expected_drafts_equal_what_the_next_step_verifies():
     from eyas.config import SchedulerConfig
     from eyas.core.request import Request
     from eyas.core.step import RunnerOutput
+    from eyas.engine.draft_planner import DraftRecord
     from eyas.engine.scheduler import Scheduler
     from eyas.kv.manager import KVCacheGroupSpec, KVCacheManager
     from eyas.spec.adaptive import DraftBudget, Evidence, RowCost
@@ -131,13 +132,13 @@ def test_expected_drafts_equal_what_the_next_step_verifies():
         params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=2 if i == 4 else 64, speculate=i != 5)
         scheduler.add(Request(f"r{i}", [7] * 10, 10, params, seed=i, eos_token_ids=frozenset(), max_total_tokens=1024))
         accepted, rejections = evidence[i % 4]
-        scheduler.budgets[f"r{i}"] = DraftBudget(k, k, missed=i == 6, after_hit=Evidence(accepted, rejections),
-                                                 after_miss=Evidence(0.0, 6.0))
+        scheduler.drafts.records[f"r{i}"] = DraftRecord(budget=DraftBudget(
+            k, k, missed=i == 6, after_hit=Evidence(accepted, rejections), after_miss=Evidence(0.0, 6.0)))
     scheduler.add(Request("long", [7] * 150, 150, SamplingParams(temperature=0), seed=0, eos_token_ids=frozenset(),
                           max_total_tokens=1024))
-    budgets = copy.deepcopy(scheduler.budgets)
+    budgets = copy.deepcopy({i: r.budget for i, r in scheduler.drafts.records.items()})
     plan = scheduler.schedule()  # 16 prompts of 10 tokens sample; 96 tokens of the long prompt do not
-    assert scheduler.budgets == budgets
+    assert {i: r.budget for i, r in scheduler.drafts.records.items()} == budgets
     expected = plan.expected_drafts
     assert set(expected) == {f"r{i}" for i in range(16)}
     sampled = {e.request.request_id: [8] for e in plan.scheduled if e.will_sample}

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from eyas import LLM, SamplingParams
-from eyas.spec import proposer as proposer_module
+from eyas.spec import registry
 from eyas.spec.proposer import Proposer, ProposerOutput
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
@@ -174,7 +174,7 @@ def test_metrics_are_exact_on_a_constructed_case(spec_models, monkeypatch):
     params = SamplingParams(temperature=0, max_tokens=31, ignore_eos=True)
     ref = _tokens(LLM(target, dtype="float32", max_model_len=256, kv_cache_gb=0.02).generate(prompts, params,
                                                                                                use_tqdm=False))
-    monkeypatch.setitem(proposer_module._REGISTRY, "oracle", (__name__, "OracleProposer"))
+    monkeypatch.setitem(registry.PROPOSERS, "oracle", (__name__, "OracleProposer"))
     OracleProposer.reference = {tuple(p): r for p, r in zip(prompts, ref)}
     llm = LLM(target, dtype="float32", max_model_len=256, kv_cache_gb=0.02,
               speculative_config={"method": "oracle", "num_speculative_tokens": 3, "adaptive_draft_length": False})
@@ -343,7 +343,7 @@ def test_adaptive_drafting_backs_off_when_drafts_are_useless(spec_models, monkey
     1/6 of a token, so a request retries only while its estimate after misses, 1 / (2 + r), has r <= 4 faded
     rejections; they fade 0.1 x 4 = 0.4 a step, so at most about 0.4 one-draft retries a step, once the first
     verifications have shrunk its limit from 4 to 1."""
-    monkeypatch.setitem(proposer_module._REGISTRY, "wrong", (__name__, "WrongProposer"))
+    monkeypatch.setitem(registry.PROPOSERS, "wrong", (__name__, "WrongProposer"))
     prompts = _prompts(2, repeat=False)
     counts = {}
     for adaptive in (False, True):

@@ -338,7 +338,7 @@ def test_graph_layout_run_eagerly_proposes_the_eager_drafts(drafters, case):
     llm = _llm(drafters, case, **kw)
     proposer = llm.engine.runner.proposer
     proposer.graphs = StepGraphs(torch.device("cpu"), 64, capture=False)
-    llm.engine.runner.graphs = StepGraphs(torch.device("cpu"), 64, capture=False)  # the target's aux states too
+    llm.engine.runner.target.graphs = StepGraphs(torch.device("cpu"), 64, capture=False)  # the target's aux states too
     uniform_calls, original = [], proposer._prefill_uniform
 
     def counting(*args):

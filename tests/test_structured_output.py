@@ -14,7 +14,7 @@ from conftest import K
 from scipy import stats
 
 from eyas import LLM, SamplingParams
-from eyas.spec import proposer as proposer_module
+from eyas.spec import registry
 from eyas.spec.proposer import Proposer, ProposerOutput
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "size", "tag", "flags", "at"],
@@ -167,7 +167,7 @@ def test_rejection_sampling_under_a_grammar_follows_the_masked_target(tiny_model
     q = torch.zeros(320)
     q[letters[0]], q[letters[1]], q[tok.encode("x", add_special_tokens=False)[0]] = 0.3, 0.3, 0.4
     monkeypatch.setattr(FixedQProposer, "q", q)
-    monkeypatch.setitem(proposer_module._REGISTRY, "fixed_q", (__name__, "FixedQProposer"))
+    monkeypatch.setitem(registry.PROPOSERS, "fixed_q", (__name__, "FixedQProposer"))
     prompt, n = [5, 6, 7, 8], 2000
     llm = LLM(str(path), **SETTINGS, max_num_seqs=256, speculative_config={
         "method": "fixed_q", "num_speculative_tokens": 2, "verification": "rejection", "adaptive_draft_length": False})

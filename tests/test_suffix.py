@@ -17,6 +17,7 @@ import torch
 from engine_helpers import host_input, run_counting_preemptions
 
 from eyas import LLM, SamplingParams
+from eyas.core.step import DoneRequest
 from eyas.spec.config import SpeculativeConfig
 from eyas.spec.suffix import SuffixProposer, load_outputs, longest_draft, save_outputs
 from eyas.spec.suffix_tree import SuffixTree
@@ -49,8 +50,9 @@ def _accepted(outs) -> int:
 # -- options ---------------------------------------------------------------------------------------------
 def test_defaults_follow_vllm_and_k_is_the_longest_possible_draft():
     config = SpeculativeConfig.from_dict({"method": "suffix"})
-    assert (config.suffix_decoding_max_tree_depth, config.suffix_decoding_max_cached_requests,
-            config.suffix_decoding_max_spec_factor, config.suffix_decoding_min_token_prob) == (24, 10000, 1.0, 0.1)
+    options = config.options
+    assert (options.suffix_decoding_max_tree_depth, options.suffix_decoding_max_cached_requests,
+            options.suffix_decoding_max_spec_factor, options.suffix_decoding_min_token_prob) == (24, 10000, 1.0, 0.1)
     assert config.num_speculative_tokens == 12  # match 12 + draft 12 = depth 24
     assert longest_draft(24, 1.0) == 12 and longest_draft(10, 2.0) == 6 and longest_draft(1, 1.0) == 0
     assert SpeculativeConfig.from_dict({"method": "suffix", "suffix_decoding_max_tree_depth": 8}).num_speculative_tokens == 4
@@ -114,7 +116,7 @@ def test_drafts_come_from_the_request_itself_then_from_earlier_outputs():
     assert _step(proposer, {"a": ([1, 2, 3, 4, 1, 2], [3])}) == {"a": [4, 1, 2]}
     # "2 3 4 1" and "1 2 3 4 1" both give 2 3 4 1 at 1/2 each (score 2.0): the longer match wins the tie
     assert _step(proposer, {"a": ([1, 2, 3, 4, 1, 2, 3], [4, 1])}) == {"a": [2, 3, 4, 1]}
-    proposer.request_ended("a", [1, 2, 3, 4, 1, 2, 3, 4, 1] + text, 9)  # its output goes to the global tree
+    proposer.request_done(DoneRequest("a", [1, 2, 3, 4, 1, 2, 3, 4, 1] + text, 9, None))  # its output goes to the global tree
     assert not proposer.requests and list(proposer.cache.outputs) == [text]
     # another request with another prompt: once it writes 10 11 12, the global tree continues the text
     assert _step(proposer, {"b": ([50, 51, 52], [10])}) == {"b": [11]}
@@ -141,11 +143,11 @@ def test_a_row_expected_to_verify_nothing_gets_no_drafts_but_its_tree_keeps_up()
 def test_global_draft_replaces_the_own_only_with_a_higher_score():
     history = ([5, 6, 9, 5], [6])  # own tree: after "5 6" came 9 once (and the end): 9 5 at 1/2 each, score 1.0
     tied = _proposer()
-    tied.request_ended("old", [0, 6, 7], 1)  # global: "6" -> 7 with probability 1, score 1.0 ("5 6" unseen)
+    tied.request_done(DoneRequest("old", [0, 6, 7], 1, None))  # global: "6" -> 7 with probability 1, score 1.0 ("5 6" unseen)
     assert _step(tied, {"r": history}) == {"r": [9, 5]}  # a tie keeps the request's own draft
     better = _proposer()
     for _ in range(3):
-        better.request_ended("old", [0, 5, 6, 7, 8], 1)  # global: "5 6" -> 7 8 with probability 1, score 2.0
+        better.request_done(DoneRequest("old", [0, 5, 6, 7, 8], 1, None))  # global: "5 6" -> 7 8 with probability 1, score 2.0
     assert _step(better, {"r": history}) == {"r": [7, 8]}
 
 
@@ -155,7 +157,7 @@ def test_eviction_keeps_the_newest_outputs_and_bounds_the_tree():
     outputs = [[rng.randrange(6) for _ in range(rng.randint(5, 40))] for _ in range(10)]
     sizes = []
     for i, output in enumerate(outputs):
-        proposer.request_ended(f"r{i}", [1, 2] + output, 2)
+        proposer.request_done(DoneRequest(f"r{i}", [1, 2] + output, 2, None))
         sizes.append(proposer.cache.tree.num_nodes)
     assert list(proposer.cache.outputs) == outputs[-3:]
     fresh = SuffixTree(24)

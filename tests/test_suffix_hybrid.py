@@ -24,10 +24,11 @@ def test_lookahead_is_the_longer_of_k_and_the_longest_suffix_draft(drafters):
     base = {"method": "eagle3", "model": folder, "num_speculative_tokens": 2}
     assert SpeculativeConfig.from_dict(base).max_drafts == 2
     on = SpeculativeConfig.from_dict({**base, "enable_suffix_decoding": True})
-    assert on.max_drafts == 12 and on.suffix_config.method == "suffix" and on.suffix_config.num_speculative_tokens == 12
+    [(name, options)] = on.wrappers
+    assert on.max_drafts == 12 and name == "suffix_hybrid" and options.longest_draft() == 12
     short = SpeculativeConfig.from_dict({**base, "num_speculative_tokens": 6, "enable_suffix_decoding": True,
                                          "suffix_decoding_max_tree_depth": 8})
-    assert short.max_drafts == 6 and short.suffix_config.num_speculative_tokens == 4
+    assert short.max_drafts == 6 and short.wrappers[0][1].longest_draft() == 4
 
 
 @pytest.mark.parametrize(("over", "message"), [

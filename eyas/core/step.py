@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from eyas.core.request import Request
 
@@ -16,6 +17,19 @@ class ScheduledRequest:
     block_tables: list[list[int]]  # one per KV-cache group (live view of the manager's table)
     will_sample: bool  # this step reaches the request's last token, so the target samples a new one
     draft_forced: list[bool]  # per draft: its grammar admitted that token only (always accepted)
+    draft_probs: Any = None  # [num drafts, vocab] the drafter's probabilities of them (rejection sampling), or None
+
+
+@dataclass(frozen=True)
+class DoneRequest:
+    """A request that left the engine for good this step (finished, stopped or aborted; not preempted)."""
+
+    request_id: str
+    token_ids: list[int]  # the prompt, then every committed output token
+    num_prompt_tokens: int
+    # its blocks, whose contents last until the next forward, when it finished normally and took part in
+    # speculation; None after an abort or with SamplingParams(speculate=False)
+    block_tables: list[list[int]] | None
 
 
 @dataclass
@@ -34,3 +48,5 @@ class RunnerOutput:
     logprobs: dict[str, list[dict[int, float]]]  # request id -> per emitted token {token id: logprob}
     drafts: dict[str, list[int]]  # request id -> draft tokens proposed for the next step
     forced: dict[str, list[bool]] = field(default_factory=dict)  # request id -> per draft: forced by its grammar
+    # request id -> [num drafts, vocab] the drafter's probabilities of them, kept for rejection sampling
+    draft_probs: dict[str, Any] = field(default_factory=dict)

@@ -9,6 +9,7 @@ import time
 
 from eyas.config import EngineConfig
 from eyas.core.request import Request, RequestStatus
+from eyas.core.step import DoneRequest
 from eyas.engine.output_processor import OutputProcessor
 from eyas.engine.outputs import RequestOutput
 from eyas.engine.parallel_sampling import ParentRequest, child_seeds
@@ -127,7 +128,7 @@ class Engine:
         request = self.scheduler.finish(request_id, RequestStatus.FINISHED_ABORTED)
         if request is None:
             return None
-        self.runner.request_ended(request_id, request.token_ids, request.num_prompt_tokens)
+        self.runner.request_done(DoneRequest(request_id, request.token_ids, request.num_prompt_tokens, None))
         return self.outputs.output(request)
 
     def _forget_parent(self, parent: ParentRequest) -> None:
@@ -145,16 +146,11 @@ class Engine:
         result = self.runner.execute(plan)
         changed = self.scheduler.commit(plan, result)
         self.num_preemptions += len(plan.preempted)
-        for request_id in plan.preempted:
-            self.runner.forget(request_id)
         outputs: dict[str, RequestOutput] = {}  # by request id: one (the latest) per n > 1 parent
         for request in changed:
             if self.outputs.update(request, result.logprobs.get(request.request_id)):
                 self.scheduler.finish(request.request_id, RequestStatus.FINISHED_STOPPED)
-            saved = None
-            if request.status.finished:
-                saved = self._save_finished(request)
-                self.runner.request_ended(request.request_id, request.token_ids, request.num_prompt_tokens)
+            saved = self._done(request) if request.status.finished else None
             parent = self._parent_of.get(request.request_id)
             if parent is not None:
                 for child in parent.release():  # child 0 has a token: the prompt's blocks are cached
@@ -170,13 +166,12 @@ class Engine:
             outputs[output.request_id] = output
         return list(outputs.values())
 
-    def _save_finished(self, request: Request) -> str | None:
-        """Hand a finished request's blocks to the runner before the next forward can reuse them."""
+    def _done(self, request: Request) -> str | None:
+        """Tell the runner a request finished, with its blocks (whose contents last until the next forward) if
+        it took part in speculation; returns what the proposer saved for it."""
         tables = self.scheduler.finished_tables.pop(request.request_id, None)
-        if tables is None or not request.params.speculate:  # opted out of the method: nothing saved
-            return None
-        return self.runner.request_finished(request.request_id, request.token_ids[:request.num_tokens - 1],
-                                            request.num_prompt_tokens, tables)
+        return self.runner.request_done(DoneRequest(request.request_id, request.token_ids, request.num_prompt_tokens,
+                                                    tables if request.params.speculate else None))
 
     def flush(self) -> None:
         """Wait for background work of finished requests (hidden-state files) and raise its errors."""

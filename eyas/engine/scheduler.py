@@ -22,8 +22,9 @@ from eyas.config import SchedulerConfig
 from eyas.core.metrics import SpecStats
 from eyas.core.request import Request, RequestStatus
 from eyas.core.step import RunnerOutput, ScheduledRequest, SchedulerOutput
+from eyas.engine.draft_planner import NO_DRAFTS, DraftPlanner, Drafts
 from eyas.kv.manager import KVCacheManager
-from eyas.spec.adaptive import FREE_ROWS, DraftBudget, RowCost, allocate_drafts
+from eyas.spec.adaptive import FREE_ROWS, RowCost
 
 if TYPE_CHECKING:
     from eyas.spec.config import SpeculativeConfig
@@ -35,15 +36,13 @@ class Scheduler:
         self.config = config
         self.kv = kv
         self.speculative = speculative
-        self.draft_row_cost = draft_row_cost  # a forward's cost by its rows, in one-row forwards
-        self.draft_step_cost = draft_step_cost  # the drafter's work in a step that verifies drafts, likewise
         self.num_lookahead_tokens = speculative.max_drafts if speculative else 0
-        self.budgets: dict[str, DraftBudget] = {}  # request id -> adaptive draft length
+        # every request's pending drafts and draft budget; None without speculation
+        self.drafts = DraftPlanner(speculative.max_drafts, speculative.adaptive_draft_length, draft_row_cost,
+                                   draft_step_cost) if speculative else None
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
-        self.drafts: dict[str, list[int]] = {}  # request id -> draft tokens to verify next step
-        self.forced: dict[str, list[bool]] = {}  # request id -> per draft: forced by its grammar
         self.spec_stats = SpecStats()  # engine-wide acceptance totals
         # block tables of requests that finished normally this step: their blocks are free again but
         # keep their contents until the next forward, so the engine can hand them to the runner
@@ -69,9 +68,9 @@ class Scheduler:
             if num_new <= 0:
                 continue
             will_sample = num_new == request.num_tokens - request.num_computed_tokens
-            request_drafts, request_forced = drafts.get(request.request_id, ([], []))
+            request_drafts = drafts.get(request.request_id, NO_DRAFTS)
             lookahead = self.num_lookahead_tokens if will_sample else 0
-            total = request.num_computed_tokens + num_new + len(request_drafts) + lookahead
+            total = request.num_computed_tokens + num_new + len(request_drafts.tokens) + lookahead
             while not self.kv.allocate(request.request_id, total):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -81,9 +80,9 @@ class Scheduler:
                     break
             if request.status is not RequestStatus.RUNNING:
                 continue
-            scheduled.append(self._entry(request, num_new, request_drafts, request_forced))
+            scheduled.append(self._entry(request, num_new, request_drafts))
             budget -= num_new
-            num_drafts += len(request_drafts)
+            num_drafts += len(request_drafts.tokens)
         budget -= num_drafts
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
             request = self.waiting[0]
@@ -100,25 +99,18 @@ class Scheduler:
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            scheduled.append(self._entry(request, num_new, [], []))
+            scheduled.append(self._entry(request, num_new))
             budget -= num_new
         num_tokens = sum(s.num_new_tokens + len(s.draft_token_ids) for s in scheduled)
         return SchedulerOutput(scheduled, num_tokens, preempted, self._expected_drafts(scheduled))
 
-    def _plan_drafts(self, budget: int) -> dict[str, tuple[list[int], list[bool]]]:
-        """The drafts each decoding request verifies this step (and their forced flags): those its adaptive
-        limit, max_tokens and max_model_len allow, then, across the batch, those worth their rows
-        (``allocate_drafts``), within the token budget that every running request's committed tokens leave."""
-        if self.speculative is None:
+    def _plan_drafts(self, budget: int) -> dict[str, Drafts]:
+        """The drafts each decoding request verifies this step (``DraftPlanner.plan``), within the token budget
+        that every running request's committed tokens leave."""
+        if self.drafts is None:
             return {}
         sampling, num_rows, budget = self._rows(lambda r: r.num_tokens - r.num_computed_tokens, budget)
-        offered = {request.request_id: self._usable_drafts(request) for request in sampling}
-        if self.speculative.adaptive_draft_length:
-            offers = [(len(d), self.budgets[i].acceptance(), _leading(f)) for i, (d, f) in offered.items()]
-            counts = allocate_drafts(offers, num_rows, self.draft_row_cost, budget, self.draft_step_cost)
-        else:  # every draft, first come first served within the budget
-            counts = allocate_drafts([(len(d), 1.0, 0) for d, _ in offered.values()], num_rows, FREE_ROWS, budget)
-        return {i: (d[:n], f[:n]) for (i, (d, f)), n in zip(offered.items(), counts)}
+        return self.drafts.plan(sampling, num_rows, budget)
 
     def _rows(self, left, budget: int) -> tuple[list[Request], int, int]:
         """Walk the running requests as a step does, ``left(request)`` tokens still to compute each: (those that
@@ -136,19 +128,12 @@ class Scheduler:
         return sampling, num_rows, budget
 
     def _expected_drafts(self, scheduled: list[ScheduledRequest]) -> dict[str, int]:
-        """Per request sampling this step: the drafts the next step's ``_plan_drafts`` would verify for it, if
-        its proposer offered every draft it may and this step's verification taught the budgets nothing.
-
-        A pure peek (``DraftBudget.peek``, then ``allocate_drafts`` over the rows the next step will have: one
-        per request sampling now, the rest of each unfinished prompt); what the next step really verifies can
-        differ only through this step's acceptance, stops and admissions. Without adaptive drafting: k.
-        """
-        if self.speculative is None:
+        """Per request sampling this step: the drafts the next step would verify for it (``DraftPlanner.expected``
+        over the rows the next step will have: one per request sampling now, the rest of each unfinished prompt)."""
+        if self.drafts is None:
             return {}
         now = {entry.request.request_id: entry for entry in scheduled}
         drafting = {i for i, entry in now.items() if entry.will_sample}
-        if not self.speculative.adaptive_draft_length:
-            return dict.fromkeys(drafting, self.num_lookahead_tokens)
 
         def left(request: Request) -> int:  # tokens to compute next step
             entry = now.get(request.request_id)
@@ -157,47 +142,21 @@ class Scheduler:
             return 1 if entry.will_sample else request.num_tokens - entry.start - entry.num_new_tokens
 
         sampling, num_rows, budget = self._rows(left, self.config.max_num_batched_tokens)
-        offers = {}  # request id -> (drafts it may offer, acceptance, forced drafts: unknown yet)
-        for request in sampling:  # a request whose prompt ends next step holds no drafts: it offers none
-            fresh = DraftBudget.start(self.num_lookahead_tokens)
-            limit, acceptance = self.budgets.get(request.request_id, fresh).peek()
-            room = min(limit, self._room(request, 1)) if request.request_id in drafting and request.params.speculate else 0
-            offers[request.request_id] = (max(0, room), acceptance, 0)
-        counts = allocate_drafts(list(offers.values()), num_rows, self.draft_row_cost, budget, self.draft_step_cost)
-        allocated = dict(zip(offers, counts))
-        return {i: allocated.get(i, 0) for i in drafting}
+        return self.drafts.expected(drafting, sampling, num_rows, budget)
 
-    @staticmethod
-    def _room(request: Request, new_tokens: int) -> int:
-        """Drafts that fit max_model_len and max_tokens once the request holds ``new_tokens`` more tokens."""
-        return min(request.max_total_tokens - request.num_tokens - new_tokens - 1,
-                   request.max_output_tokens - request.num_output_tokens - new_tokens - 1)
-
-    def _usable_drafts(self, request: Request) -> tuple[list[int], list[bool]]:
-        """The pending drafts that fit the adaptive limit (which leading forced drafts pass: they are always
-        accepted), max_model_len and max_tokens."""
-        drafts = self.drafts.pop(request.request_id, [])
-        forced = self.forced.pop(request.request_id, [False] * len(drafts))
-        room = self._room(request, 0)
-        if self.speculative.adaptive_draft_length:
-            k = self.speculative.max_drafts
-            limit = self.budgets.setdefault(request.request_id, DraftBudget.start(k)).limit
-            room = min(room, max(limit, _leading(forced)))
-        room = max(0, room)
-        return drafts[:room], forced[:room]
-
-    def _entry(self, request: Request, num_new: int, drafts: list[int], forced: list[bool]) -> ScheduledRequest:
+    def _entry(self, request: Request, num_new: int, drafts: Drafts = NO_DRAFTS) -> ScheduledRequest:
         start = request.num_computed_tokens
-        return ScheduledRequest(request, start, num_new, drafts, self.kv.block_tables(request.request_id),
-                                will_sample=start + num_new == request.num_tokens, draft_forced=forced)
+        return ScheduledRequest(request, start, num_new, drafts.tokens, self.kv.block_tables(request.request_id),
+                                will_sample=start + num_new == request.num_tokens, draft_forced=drafts.forced,
+                                draft_probs=drafts.probs)
 
     def _preempt(self, request: Request) -> None:
         """Free the request's blocks and queue it for recompute. Its tokens stay, and so does its grammar
         position (it follows the committed tokens, not the cache); its pending drafts are dropped."""
         self.running.remove(request)
         self.kv.free(request.request_id)
-        self.drafts.pop(request.request_id, None)
-        self.forced.pop(request.request_id, None)
+        if self.drafts is not None:
+            self.drafts.drop_drafts(request.request_id)
         request.status = RequestStatus.WAITING
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -223,9 +182,8 @@ class Scheduler:
             request.num_computed_tokens += num_accepted  # accepted drafts are in the cache already
             num_drafts = len(entry.draft_token_ids)
             request.spec_stats.record(num_drafts, num_accepted, entry.draft_forced)
-            if request.request_id in self.budgets:  # the proposer's own record: leading forced drafts left out
-                lead = min(_leading(entry.draft_forced), num_accepted)
-                self.budgets[request.request_id].update(num_drafts - lead, num_accepted - lead)
+            if self.drafts is not None:
+                self.drafts.verified(request.request_id, num_drafts, num_accepted, entry.draft_forced)
             self.spec_stats.record(num_drafts, num_accepted, entry.draft_forced)
             if request.first_token_time is None:
                 request.first_token_time = now
@@ -244,8 +202,8 @@ class Scheduler:
                 self.kv.truncate(request.request_id, request.num_tokens)  # slots of rejected drafts
                 drafts = result.drafts.get(request.request_id)
                 if drafts and request.params.speculate:
-                    self.drafts[request.request_id] = drafts
-                    self.forced[request.request_id] = result.forced[request.request_id]
+                    self.drafts.keep(request.request_id, drafts, result.forced[request.request_id],
+                                     result.draft_probs.get(request.request_id))
             changed.append(request)
         return changed
 
@@ -280,15 +238,7 @@ class Scheduler:
         tables = self.kv.free(request.request_id)
         if tables is not None and request.status is not RequestStatus.FINISHED_ABORTED:
             self.finished_tables[request.request_id] = tables
-        self.drafts.pop(request.request_id, None)
-        self.forced.pop(request.request_id, None)
-        self.budgets.pop(request.request_id, None)
+        if self.drafts is not None:
+            self.drafts.done(request.request_id)
         del self.requests[request.request_id]
 
-
-def _leading(forced: list[bool]) -> int:
-    """How many drafts at the front are forced by the grammar (certain to be accepted)."""
-    n = 0
-    while n < len(forced) and forced[n]:
-        n += 1
-    return n

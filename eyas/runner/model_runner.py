@@ -20,17 +20,18 @@ the target's distribution at every verified position is the grammar-masked, reno
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 
 import torch
 
 from eyas.config import EngineConfig
-from eyas.core.step import RunnerOutput, ScheduledRequest, SchedulerOutput
+from eyas.core.step import DoneRequest, RunnerOutput, ScheduledRequest, SchedulerOutput
 from eyas.core.verify_layout import VerifyLayout
 from eyas.kv.manager import KVCacheGroupSpec
-from eyas.model.attention import AttentionBatch, UniformBatch, block_table_tensor, default_backend, get_backend, layout_slots
-from eyas.model.cuda_graphs import UniformLayout, engine_graphs
-from eyas.model.forward_context import ForwardContext, forward_context
+from eyas.model.attention import block_table_tensor, default_backend, get_backend, layout_slots
+from eyas.model.cuda_graphs import engine_graphs
+from eyas.model.layout_forward import LayoutForward
 from eyas.model.llama import ModelOutput
 from eyas.model.loader import load_model
 from eyas.sampling.grammar_masks import GrammarMasks, GrammarTimings, MaskFiller, PendingMasks
@@ -38,7 +39,9 @@ from eyas.sampling.penalties import penalize
 from eyas.sampling.rejection import VerifyResult, greedy_verify, rejection_sample, shared_noise_verify
 from eyas.sampling.row_ops import argmax
 from eyas.sampling.sampler import Sampler, SamplingBatch, raw_logprobs
-from eyas.spec.proposer import ProposerInput, ProposerOutput, make_proposer
+from eyas.spec.grammar_drafts import grammar_drafts
+from eyas.spec.proposer import ProposerInput, ProposerOutput
+from eyas.spec.registry import make_proposer
 
 
 @dataclass
@@ -65,15 +68,15 @@ class ModelRunner:
         if self.proposer is not None:
             self.model.set_aux_layer_ids(self.proposer.aux_layer_ids)
         self.verification = spec.verification if spec else "shared_noise"
-        self._draft_probs: dict[str, torch.Tensor] = {}  # request id -> [k, vocab] of its pending drafts
-        self.graphs = engine_graphs(config, self.backend)
-        self.max_blocks = config.max_blocks_per_request
+        self._grammar_seconds = 0.0  # spent walking drafts under grammars (eyas.spec.grammar_drafts)
+        self.target = LayoutForward(self.model, self.backend, engine_graphs(config, self.backend), 0, self.block_size,
+                                    config.max_blocks_per_request, self.device)
         self.masks = MaskFiller(config.model.vocab_size)
 
     @property
     def grammar_timings(self) -> GrammarTimings:
         """What structured output cost: masks (and how much of them the forward did not hide), draft walks."""
-        return dataclasses.replace(self.masks.timings, draft_seconds=self.proposer.grammar_seconds if self.proposer else 0.0)
+        return dataclasses.replace(self.masks.timings, draft_seconds=self._grammar_seconds)
 
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]:
         """The target's layers form group 0; a proposer may add groups of its own after it."""
@@ -96,34 +99,9 @@ class ModelRunner:
     def forward(self, plan: SchedulerOutput) -> tuple[ModelOutput, _Inputs]:
         """Run the target over the plan's tokens (writing their K/V into the cache)."""
         inputs = self._prepare(plan)
-        q_lens = inputs.query_start_loc[1:] - inputs.query_start_loc[:-1]
-        max_q = int(q_lens.max())
         k = self.config.speculative.max_drafts if self.config.speculative else 0
-        shape = self.graphs.uniform_shape(len(q_lens), max_q, k) if self.graphs is not None else None
-        if shape is not None:
-            return self._forward_uniform(inputs, *shape), inputs
-        batch = AttentionBatch(inputs.query_start_loc, inputs.seq_lens, inputs.block_table, inputs.slot_mapping,
-                               self.block_size, max_q, int(inputs.seq_lens.max()))
-        with forward_context(ForwardContext(self.backend, {0: self.backend.build_metadata(batch, self.device)})):
-            return self.model(inputs.input_ids, inputs.positions), inputs
-
-    def _forward_uniform(self, inputs: _Inputs, width: int, size: int) -> ModelOutput:
-        """The target over the uniform layout of ``size`` requests of ``width`` rows, from a CUDA graph;
-        states come back in the flat layout."""
-        layout = UniformLayout.of(inputs.query_start_loc, inputs.seq_lens, inputs.block_table, width, size,
-                                  self.max_blocks, self.device)
-        states = self.graphs.run(("target", size, width, layout.block_table.shape[1]), self._uniform_step,
-                                 layout.scatter(inputs.input_ids), layout.scatter(inputs.positions), layout.q_lens,
-                                 layout.seq_lens, layout.block_table)
-        return ModelOutput(layout.gather(states[0]), layout.gather(states[1]) if len(states) > 1 else None)
-
-    def _uniform_step(self, input_ids, positions, q_lens, seq_lens, block_table) -> tuple[torch.Tensor, ...]:
-        """The graphed target forward: metadata from device tensors, then every layer -> (hidden[, aux])."""
-        width = input_ids.shape[0] // q_lens.shape[0]
-        meta = self.backend.build_uniform_metadata(UniformBatch(q_lens, seq_lens, block_table, self.block_size, width))
-        with forward_context(ForwardContext(self.backend, {0: meta})):
-            out = self.model(input_ids, positions)
-        return (out.hidden,) if out.aux_hidden is None else (out.hidden, out.aux_hidden)
+        return self.target(inputs.input_ids, inputs.positions, inputs.query_start_loc, inputs.seq_lens,
+                           inputs.block_table, k, inputs.slot_mapping), inputs
 
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
@@ -144,9 +122,10 @@ class ModelRunner:
         emitted, counts = result.output_tokens.tolist(), (result.num_accepted + 1).tolist()
         ids = [e.request.request_id for e in verify.entries]
         sampled = {i: emitted[r][:counts[r]] for r, i in enumerate(ids)}
-        proposals, forced = self._collect(verify.entries, proposal) if proposal is not None else ({}, {})
+        proposals, forced, probs = self._collect(verify.entries, proposal) if proposal is not None else ({}, {}, {})
         return RunnerOutput(sampled, dict(zip(ids, verify.num_drafts.tolist())),
-                            self._logprobs(verify.entries, logits, pad, emitted, counts), proposals, forced)
+                            self._logprobs(verify.entries, logits, pad, emitted, counts), proposals, forced,
+                            draft_probs=probs)
 
     def _start_masks(self, verify: VerifyLayout) -> PendingMasks | None:
         """Start the grammar masks of the sampling requests' verify rows."""
@@ -187,16 +166,15 @@ class ModelRunner:
 
     def _pending_probs(self, entries: list[ScheduledRequest], k: int, vocab: int) -> torch.Tensor | None:
         """Draft probabilities of this step's drafts ([R, k, vocab]); None when the proposer gave none."""
-        stored = [self._draft_probs.pop(e.request.request_id, None) for e in entries]
-        if all(s is None for s in stored):
+        if all(e.draft_probs is None for e in entries):
             return None
         probs = torch.zeros(len(entries), k, vocab, device=self.device)
-        for r, (e, s) in enumerate(zip(entries, stored)):
+        for r, e in enumerate(entries):
             n = len(e.draft_token_ids)
-            if s is None:  # drafts without probabilities count as one-hot
+            if e.draft_probs is None:  # drafts without probabilities count as one-hot
                 probs[r, torch.arange(n), torch.tensor(e.draft_token_ids, dtype=torch.int64)] = 1.0
             else:
-                probs[r, :n] = s[:n]
+                probs[r, :n] = e.draft_probs[:n]
         return probs
 
     def _propose(self, plan: SchedulerOutput, inputs: _Inputs, out: ModelOutput, verify: VerifyLayout,
@@ -223,33 +201,33 @@ class ModelRunner:
             sampling_params=[e.request.params for e in entries],
             grammars=[e.request.grammar for e in entries],
         )
-        return self.proposer.draft(inp)
+        out = self.proposer.propose(inp)
+        if all(grammar is None for grammar in inp.grammars):
+            return out
+        start = time.perf_counter()
+        out = grammar_drafts(inp, out)  # for every method alike: forbidden drafts cut, forced tokens drafted
+        self._grammar_seconds += time.perf_counter() - start
+        return out
 
-    def _collect(self, entries: list[ScheduledRequest], proposal) -> tuple[dict[str, list[int]], dict[str, list[bool]]]:
-        """Copy the proposal (drafts, forced flags) to the host; keep draft probabilities on the device for
-        rejection mode."""
+    def _collect(self, entries: list[ScheduledRequest], proposal) -> tuple[dict, dict, dict]:
+        """Copy the proposal's drafts and forced flags to the host; draft probabilities stay on the device (for
+        rejection mode), each request's in its own slice: ({id: drafts}, {id: forced}, {id: probs})."""
         tokens, counts = proposal.draft_token_ids.tolist(), proposal.num_drafts.tolist()
         flags = proposal.forced.tolist() if proposal.forced is not None else None
-        drafts, forced = {}, {}
+        keep_probs = proposal.draft_probs is not None and self.verification == "rejection"
+        drafts, forced, probs = {}, {}, {}
         for r, e in enumerate(entries):
             request_id = e.request.request_id
             drafts[request_id] = tokens[r][:counts[r]]
             forced[request_id] = flags[r][:counts[r]] if flags is not None else [False] * counts[r]
-            if proposal.draft_probs is not None and self.verification == "rejection":
-                self._draft_probs[request_id] = proposal.draft_probs[r, :counts[r]]
-        return drafts, forced
+            if keep_probs:
+                probs[request_id] = proposal.draft_probs[r, :counts[r]]
+        return drafts, forced, probs
 
-    def request_finished(self, request_id: str, token_ids: list[int], num_prompt_tokens: int,
-                         block_tables: list[list[int]]) -> str | None:
-        """Let the proposer save what it keeps per request (hidden-state dumps); before the next forward."""
-        return self.proposer.request_finished(request_id, token_ids, num_prompt_tokens, block_tables) \
-            if self.proposer else None
-
-    def request_ended(self, request_id: str, token_ids: list[int], num_prompt_tokens: int) -> None:
-        """A request finished or was aborted: drop its state here and in the proposer."""
-        self.forget(request_id)
-        if self.proposer:
-            self.proposer.request_ended(request_id, token_ids, num_prompt_tokens)
+    def request_done(self, done: DoneRequest) -> str | None:
+        """A request left the engine: the proposer drops its state, and may save it first (hidden-state dumps)
+        from the blocks, before the next forward reuses them."""
+        return self.proposer.request_done(done) if self.proposer else None
 
     def flush(self) -> None:
         if self.proposer:
@@ -258,10 +236,6 @@ class ModelRunner:
     def close(self) -> None:
         if self.proposer:
             self.proposer.close()
-
-    def forget(self, request_id: str) -> None:
-        """Drop per-request device state of a finished or preempted request."""
-        self._draft_probs.pop(request_id, None)
 
     def _prepare(self, plan: SchedulerOutput) -> _Inputs:
         input_ids, q_lens, seq_lens = [], [], []

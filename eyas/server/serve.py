@@ -39,7 +39,7 @@ def describe_speculation(llm: LLM) -> str:
     spec = llm.engine.config.speculative
     if spec is None:
         return "none"
-    model = f", drafter {spec.model}" if getattr(spec, "model", None) else ""
+    model = f", drafter {spec.options.model}" if getattr(spec.options, "model", None) else ""
     return f"{spec.method}, k = {spec.num_speculative_tokens}{model}"
 
 

@@ -5,16 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from functools import cached_property
 
+from eyas.config import MAX_SPECULATIVE_TOKENS
 from eyas.spec.adaptive import FREE_ROWS, RowCost
+from eyas.spec.options import MethodOptions
+from eyas.spec.registry import PROPOSERS, WRAPPERS, proposer_class, wrapper_class
 
-MAX_SPECULATIVE_TOKENS = 16
-# options that belong to one method or a few; a proposer lists the ones it reads in ``config_fields``
-METHOD_FIELDS = frozenset({"prompt_lookup_min", "prompt_lookup_max", "model", "draft_num_layers", "aux_layer_ids",
-                           "output_dir", "include_output_tokens", "suffix_decoding_max_tree_depth",
-                           "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
-                           "suffix_decoding_min_token_prob", "suffix_decoding_cache_file",
-                           "enable_suffix_decoding"})
-SUFFIX_FIELDS = frozenset(name for name in METHOD_FIELDS if name.startswith("suffix_decoding_"))
 VERIFICATION_MODES = ("rejection", "shared_noise")
 # A CPU forward of n rows, in one-row forwards, by the target's weight format and matmul precision: (rows, cost)
 # points measured by benchmarks/bench_row_cost.py (one request, n new rows on a cached 192-token prefix,
@@ -39,17 +34,16 @@ CPU_ROW_COSTS = {key: RowCost(tuple(zip(_ROWS, costs))) for key, costs in {  # (
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """Validated speculative settings.
+    """Validated speculative settings: what every method shares, the method's own ``options`` (its proposer's
+    ``Options``, ``eyas.spec.options``) and the ``wrappers`` switched on in front of it. ``from_dict`` takes vLLM's
+    flat dict and routes each key to whoever reads it.
 
-    ``verification``: ``"rejection"`` (Leviathan et al.; drafts without probabilities count
-    as one-hot; output follows the target distribution) or ``"shared_noise"`` (target and drafter
-    share the seeded Gumbel noise; output is token-identical to the same seeded request without
-    speculation). Greedy requests take an exact-match fast path under both. Rejection is the
-    default: it is the maximal coupling of draft and target (a sampled draft is accepted with
-    probability 1 - TV(p, q), the most any coupling allows; a one-hot draft x with p(x) under
-    both modes). At temperature 0.7 on real prompts (benchmarks/bench_verification.py, 16 chat +
-    16 copy prompts, 96 tokens) it accepted more n-gram drafts (0.468 vs 0.412) and about as many
-    self-drafts with 16 layers (0.036 vs 0.038).
+    ``verification``: ``"rejection"`` (Leviathan et al.; drafts without probabilities count as one-hot; output
+    follows the target distribution) or ``"shared_noise"`` (target and drafter share the seeded Gumbel noise;
+    output is token-identical to the same seeded request without speculation). Greedy requests take an
+    exact-match fast path under both. Rejection is the default: it is the maximal coupling of draft and target
+    (a sampled draft is accepted with probability 1 - TV(p, q), the most any coupling allows; a one-hot draft x
+    with p(x) under both modes); docs/speculative-decoding.md has what it measured.
     """
 
     method: str
@@ -68,37 +62,15 @@ class SpeculativeConfig:
     # drafts are verified only where they pay for it too. None = the proposer's figure for the device
     # (``Proposer.step_cost``: 0.15 for hidden-state drafters on a CPU; 0 on CUDA and for n-gram and suffix)
     draft_step_cost: float | None = None
-    prompt_lookup_min: int = 2  # n-gram
-    prompt_lookup_max: int = 4
-    model: str | None = None  # draft model (HF folder or .gguf)
-    draft_num_layers: int | None = None  # self-speculation with the target's first layers
-    aux_layer_ids: tuple[int, ...] | None = None  # target layers whose input stream is read (vLLM convention)
-    output_dir: str | None = None  # extract_hidden_states: where {request_id}.safetensors files go
-    include_output_tokens: bool = False  # extract_hidden_states: dump generated tokens too
-    # suffix decoding (eyas.spec.suffix; vLLM's names and defaults): depth of the suffix trees (match + draft),
-    suffix_decoding_max_tree_depth: int = 24
-    suffix_decoding_max_cached_requests: int = 10000  # outputs kept in the global tree (FIFO); 0 = no global tree
-    suffix_decoding_max_spec_factor: float = 1.0  # at most factor x match length drafted
-    suffix_decoding_min_token_prob: float = 0.1  # stop drafting where the continuation's probability falls below
-    suffix_decoding_cache_file: str | None = None  # global tree saved here at shutdown, loaded at start
-    # a model drafter's method with suffix decoding in front of it (eyas.spec.suffix_hybrid, ArcticInference's
-    # option): a request whose suffix draft scores at least k takes it, the others the drafter's
-    enable_suffix_decoding: bool = False
-
-    @cached_property
-    def suffix_config(self) -> "SpeculativeConfig | None":
-        """The suffix-decoding part of a config with ``enable_suffix_decoding`` (None without): method "suffix",
-        this config's suffix options, and k = the longest draft those options allow."""
-        if not self.enable_suffix_decoding:
-            return None
-        return SpeculativeConfig.from_dict({"method": "suffix", **{name: getattr(self, name) for name in SUFFIX_FIELDS}})
+    options: MethodOptions = MethodOptions()  # the method's own keys (its proposer's Options)
+    wrappers: tuple[tuple[str, MethodOptions], ...] = ()  # (name, options) of each wrapper switched on, inner first
 
     @cached_property
     def max_drafts(self) -> int:
-        """The most drafts a request may verify in a step (every request's lookahead slots): k, or with
-        ``enable_suffix_decoding`` the longer of k and suffix decoding's longest draft (12 by default)."""
-        suffix = self.suffix_config
-        return max(self.num_speculative_tokens, suffix.num_speculative_tokens if suffix else 0)
+        """The most drafts a request may verify in a step (every request's lookahead slots): k, or more where a
+        wrapper drafts longer (suffix decoding in front of a drafter: its longest draft, 12 by default)."""
+        return max([self.num_speculative_tokens, *(options.max_drafts(self.num_speculative_tokens)
+                                                   for _, options in self.wrappers)])
 
     def row_cost(self, device_type: str, quantization: str | None, matmul_precision: str = "highest") -> RowCost:
         """``draft_row_cost``'s line, else the cost for the device and the target's weight format and products
@@ -112,48 +84,52 @@ class SpeculativeConfig:
 
     @classmethod
     def from_dict(cls, config: dict | "SpeculativeConfig") -> "SpeculativeConfig":
+        """From vLLM's flat dict: the shared keys, then each other key to the method's options or to the
+        options of a wrapper that can go in front of the method."""
         if isinstance(config, SpeculativeConfig):
             return config
         if not isinstance(config, dict):
             raise ValueError(f"speculative_config: expected a dict, got {type(config).__name__}")
-        allowed = {f.name for f in fields(cls)}
-        unknown = sorted(set(config) - allowed)
-        if unknown:
-            raise ValueError(f"speculative_config: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
         if "method" not in config:
             raise ValueError("speculative_config.method: missing (e.g. 'ngram' or 'draft_model')")
-        if "num_speculative_tokens" not in config:
-            from eyas.spec.proposer import proposer_class
-
-            k = proposer_class(config["method"]).default_num_speculative_tokens(config)
+        method = config["method"]
+        proposer = proposer_class(method)  # raises with the list of methods
+        shared = {f.name for f in fields(cls)} - {"options", "wrappers"}
+        wrappers = {name: wrapper_class(name) for name in WRAPPERS}
+        fitting = {name: w for name, w in wrappers.items() if method in w.wraps}
+        readers = [proposer.Options, *(w.Options for w in fitting.values())]
+        known = shared | set().union(*(o.keys() for o in readers))
+        other = _other_keys(wrappers)
+        for key in config:
+            if key in known:
+                continue
+            if key in other:
+                raise ValueError(f"speculative_config.{key}: not used by method '{method}' (it reads "
+                                 f"{', '.join(sorted(known - shared)) or 'none of the method options'})")
+            raise ValueError(f"speculative_config: unknown key(s) {[key]}; allowed: {sorted(known)}")
+        options = proposer.Options(**{k: v for k, v in config.items() if k in proposer.Options.keys()})
+        on = []
+        for name, wrapper in fitting.items():
+            wrapped = wrapper.Options(**{k: v for k, v in config.items() if k in wrapper.Options.keys()})
+            switch = getattr(wrapped, wrapper.switch)
+            if switch is True:
+                on.append((name, wrapped))
+                continue
+            if switch is not False:
+                raise ValueError(f"speculative_config.{wrapper.switch}: {switch!r} must be true or false")
+            for key in wrapped.changed():
+                if key not in proposer.Options.keys():
+                    raise ValueError(f"speculative_config.{key}: method '{method}' reads it only with "
+                                     f"{wrapper.switch}: true")
+        common = {k: v for k, v in config.items() if k in shared}
+        if "num_speculative_tokens" not in common:
+            k = proposer.default_num_speculative_tokens(config)
             if k is None:
                 raise ValueError("speculative_config.num_speculative_tokens: missing (e.g. 4)")
-            config = {**config, "num_speculative_tokens": k}
-        return cls(**config)
+            common["num_speculative_tokens"] = k
+        return cls(**common, options=options, wrappers=tuple(on))
 
     def __post_init__(self):
-        from eyas.spec.proposer import proposer_class
-
-        proposer = proposer_class(self.method)  # raises with the list of methods
-        for name in METHOD_FIELDS - proposer.config_fields:
-            if getattr(self, name) != _DEFAULTS[name]:
-                raise ValueError(f"speculative_config.{name}: not used by method '{self.method}' "
-                                 f"(it reads {', '.join(sorted(proposer.config_fields)) or 'none of the method options'})")
-        if "enable_suffix_decoding" in proposer.config_fields and not self.enable_suffix_decoding:
-            for name in SUFFIX_FIELDS:
-                if getattr(self, name) != _DEFAULTS[name]:
-                    raise ValueError(f"speculative_config.{name}: method '{self.method}' reads it only with "
-                                     f"enable_suffix_decoding: true")
-        if not isinstance(self.enable_suffix_decoding, bool):
-            raise ValueError(f"speculative_config.enable_suffix_decoding: {self.enable_suffix_decoding!r} must be "
-                             f"true or false")
-        if self.aux_layer_ids is not None:
-            ids = self.aux_layer_ids
-            if isinstance(ids, str) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-                raise ValueError(f"speculative_config.aux_layer_ids: {ids!r} must be a list of layer ids (ints)")
-            if len(set(ids)) != len(ids):
-                raise ValueError(f"speculative_config.aux_layer_ids: {list(ids)} has repeated ids")
-            object.__setattr__(self, "aux_layer_ids", tuple(ids))
         k = self.num_speculative_tokens
         if not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"speculative_config.num_speculative_tokens: {k!r} must be an int in "
@@ -161,22 +137,18 @@ class SpeculativeConfig:
         if self.verification not in VERIFICATION_MODES:
             raise ValueError(f"speculative_config.verification: '{self.verification}' is not one of "
                              f"{', '.join(VERIFICATION_MODES)}")
-        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
-            raise ValueError(f"speculative_config.prompt_lookup_min/max: need 1 <= min <= max, got "
-                             f"{self.prompt_lookup_min}, {self.prompt_lookup_max}")
-        if self.draft_row_cost is not None and not (isinstance(self.draft_row_cost, (int, float))
-                                                    and 0 <= self.draft_row_cost < float("inf")):
-            raise ValueError(f"speculative_config.draft_row_cost: {self.draft_row_cost!r} must be a number >= 0 "
-                             f"(0 = verify every draft)")
-        if self.draft_step_cost is not None and not (isinstance(self.draft_step_cost, (int, float))
-                                                     and 0 <= self.draft_step_cost < float("inf")):
-            raise ValueError(f"speculative_config.draft_step_cost: {self.draft_step_cost!r} must be a number >= 0 "
-                             f"(0 = drafting costs nothing)")
-        if self.draft_num_layers is not None and self.draft_num_layers < 1:
-            raise ValueError(f"speculative_config.draft_num_layers: {self.draft_num_layers} must be >= 1")
-        proposer.validate_config(self)
-        if self.enable_suffix_decoding:
-            self.suffix_config  # noqa: B018 (validates the suffix options now)
+        for name in ("draft_row_cost", "draft_step_cost"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and 0 <= value < float("inf")):
+                meaning = "verify every draft" if name == "draft_row_cost" else "drafting costs nothing"
+                raise ValueError(f"speculative_config.{name}: {value!r} must be a number >= 0 (0 = {meaning})")
+        self.options.validate()
+        for _, options in self.wrappers:
+            options.validate()
+        proposer_class(self.method).validate_config(self)
 
 
-_DEFAULTS = {f.name: f.default for f in fields(SpeculativeConfig)}
+def _other_keys(wrappers: dict) -> set[str]:
+    """Every key some method or wrapper reads."""
+    return set().union(*(proposer_class(m).Options.keys() for m in PROPOSERS),
+                       *(w.Options.keys() for w in wrappers.values()))

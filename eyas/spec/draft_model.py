@@ -27,52 +27,71 @@ when every query fits k + 1 rows. On the CPU the same step runs eagerly, unpadde
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import torch
 
 from eyas.config import EngineConfig, ModelConfig
 from eyas.kv.manager import KVCacheGroupSpec
-from eyas.model.attention import AttentionBatch, UniformBatch, block_table_tensor, default_backend, get_backend, layout_slots
-from eyas.model.cuda_graphs import UniformLayout, engine_graphs, pad_table, table_width
-from eyas.model.forward_context import ForwardContext, forward_context
+from eyas.model.attention import block_table_tensor, default_backend, get_backend
+from eyas.model.cuda_graphs import engine_graphs, pad_table, table_width
+from eyas.model.layout_forward import LayoutForward
 from eyas.model.loader import load_model
 from eyas.model.resolve import resolve_model
 from eyas.spec.draft_sampling import DraftSampler
+from eyas.spec.options import MethodOptions, option
 from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
+
+
+@dataclass(frozen=True)
+class DraftModelOptions(MethodOptions):
+    model: str | None = option(None, "draft_model: a smaller model with the target's vocabulary (HF folder or .gguf); "
+                               "eagle, eagle3, mtp: the drafter's checkpoint folder", flag="--spec-model", parse=str)
+    draft_num_layers: int | None = option(None, "draft_model: self-speculation with the target's first N layers",
+                                          flag="--spec-draft-layers", parse=int)
+
+    def validate(self) -> None:
+        if (self.model is None) == (self.draft_num_layers is None):
+            raise ValueError("speculative_config: method 'draft_model' needs exactly one of 'model' "
+                             "(a smaller LM with the target's vocabulary) or 'draft_num_layers' "
+                             "(self-speculation with the target's first layers)")
+        if self.draft_num_layers is not None and self.draft_num_layers < 1:
+            raise ValueError(f"speculative_config.draft_num_layers: {self.draft_num_layers} must be >= 1")
 
 
 class DraftModelProposer(Proposer):
     method = "draft_model"
-    config_fields = frozenset({"model", "draft_num_layers"})
-
-    @classmethod
-    def validate_config(cls, config) -> None:
-        if (config.model is None) == (config.draft_num_layers is None):
-            raise ValueError("speculative_config: method 'draft_model' needs exactly one of 'model' "
-                             "(a smaller LM with the target's vocabulary) or 'draft_num_layers' "
-                             "(self-speculation with the target's first layers)")
+    Options = DraftModelOptions
 
     def __init__(self, spec, config: EngineConfig, target):
         self.k = spec.num_speculative_tokens
         self.verification = spec.verification
         self.device, self.dtype = config.device, config.dtype
         self.block_size = config.cache.block_size
-        self.backend = get_backend(default_backend(config.device))
-        self.graphs = engine_graphs(config, self.backend)
+        backend = get_backend(default_backend(config.device))
         self.max_blocks = config.max_blocks_per_request
-        if spec.model is None:
+        options = spec.options
+        if options.model is None:
             num_target_layers = config.model.num_layers
-            if spec.draft_num_layers >= num_target_layers:
-                raise ValueError(f"speculative_config.draft_num_layers: {spec.draft_num_layers} must be below "
+            if options.draft_num_layers >= num_target_layers:
+                raise ValueError(f"speculative_config.draft_num_layers: {options.draft_num_layers} must be below "
                                  f"the target's {num_target_layers} layers")
-            self.model, self.num_layers, self.group = target, spec.draft_num_layers, 0
+            self.model, num_layers, group = target, options.draft_num_layers, 0
             self.draft_config = None
         else:
-            path = resolve_model(spec.model)
+            path = resolve_model(options.model)
             self.draft_config = ModelConfig.from_folder(path)
             _check_same_vocabulary(config.model, self.draft_config)
             self.model = load_model(self.draft_config, config.dtype, config.device, config.max_positions)
-            self.num_layers, self.group = None, None  # group index is given by bind_kv_caches
+            num_layers, group = None, None  # the group index is given by bind_kv_caches
+        # the catch-up forward over the verification layout, and the graphed decode steps
+        self.layout_forward = LayoutForward(self.model, backend, engine_graphs(config, backend), group, self.block_size,
+                                            self.max_blocks, self.device, num_layers, name="catch_up")
+
+    @property
+    def group(self) -> int:
+        """The KV-cache group the draft layers read and write."""
+        return self.layout_forward.group
 
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]:
         if self.draft_config is None:
@@ -84,7 +103,7 @@ class DraftModelProposer(Proposer):
     def bind_kv_caches(self, num_blocks: int, block_size: int, first_group: int) -> None:
         if self.draft_config is None:
             return
-        self.group = first_group
+        self.layout_forward.group = first_group
         cfg = self.draft_config
         for layer in self.model.attention_layers():
             layer.kv_cache_group = first_group
@@ -93,29 +112,8 @@ class DraftModelProposer(Proposer):
 
     def _catch_up(self, inp: ProposerInput) -> None:
         """Write the draft model's K/V for every token of the verification layout."""
-        qsl, seq_lens = inp.query_start_loc, inp.seq_lens
         table = block_table_tensor([t[self.group] for t in inp.block_tables])
-        max_q = int((qsl[1:] - qsl[:-1]).max())
-        shape = self.graphs.uniform_shape(len(seq_lens), max_q, self.k) if self.graphs is not None else None
-        if shape is not None:
-            width, size = shape
-            layout = UniformLayout.of(qsl, seq_lens, table, width, size, self.max_blocks, self.device)
-            self.graphs.run(("catch_up", size, width, layout.block_table.shape[1]), self._uniform_step,
-                            layout.scatter(inp.input_ids), layout.scatter(inp.positions), layout.q_lens,
-                            layout.seq_lens, layout.block_table)
-            return
-        _, slots = layout_slots(table, qsl, seq_lens, self.block_size)
-        batch = AttentionBatch(qsl, seq_lens, table, slots, self.block_size, max_q, int(seq_lens.max()))
-        with forward_context(ForwardContext(self.backend, {self.group: self.backend.build_metadata(batch,
-                                                                                                   self.device)})):
-            self.model(inp.input_ids, inp.positions, num_layers=self.num_layers)
-
-    def _uniform_step(self, input_ids, positions, q_lens, seq_lens, block_table) -> tuple[torch.Tensor]:
-        """The draft model over a uniform layout (metadata from device tensors) -> (hidden,)."""
-        width = input_ids.shape[0] // q_lens.shape[0]
-        meta = self.backend.build_uniform_metadata(UniformBatch(q_lens, seq_lens, block_table, self.block_size, width))
-        with forward_context(ForwardContext(self.backend, {self.group: meta})):
-            return (self.model(input_ids, positions, num_layers=self.num_layers).hidden,)
+        self.layout_forward(inp.input_ids, inp.positions, inp.query_start_loc, inp.seq_lens, table, self.k)
 
     @torch.inference_mode()
     def propose(self, inp: ProposerInput) -> ProposerOutput:
@@ -130,8 +128,9 @@ class DraftModelProposer(Proposer):
         pos = history + inp.num_emitted - 1  # [R] position of the last emitted token
         x = inp.emitted.gather(1, (inp.num_emitted - 1)[:, None]).squeeze(1)  # [R]
         # rows padded up the graphs' ladder (padding rows write the null block); exact on the CPU
-        size = (self.graphs.padded_batch_size(num_rows) if self.graphs is not None else None) or num_rows
-        blocks = table_width(table.shape[1], self.max_blocks) if self.graphs is not None else table.shape[1]
+        graphs = self.layout_forward.graphs
+        size = (graphs.padded_batch_size(num_rows) if graphs is not None else None) or num_rows
+        blocks = table_width(table.shape[1], self.max_blocks) if graphs is not None else table.shape[1]
         table_in = pad_table(table, size, blocks).to(dev)
         x_in = torch.zeros(size, dtype=torch.int64, device=dev)
         pos_in = torch.zeros(size, dtype=torch.int64, device=dev)
@@ -141,8 +140,7 @@ class DraftModelProposer(Proposer):
         for _ in range(self.k):
             x_in[:num_rows], pos_in[:num_rows] = x, pos
             inputs = (x_in, pos_in, ones, pos_in + 1, table_in)
-            hidden = self.graphs.run(("decode", size, blocks), self._uniform_step, *inputs) \
-                if self.graphs is not None else self._uniform_step(*inputs)
+            hidden = self.layout_forward.step(("decode", size, blocks), *inputs)
             x = sampler.sample(self.model.compute_logits(hidden[0][:num_rows]), pos + 1)  # [R]
             drafts.append(x)
             pos = pos + 1

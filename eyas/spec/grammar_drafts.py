@@ -1,6 +1,6 @@
 """Grammar-aware drafting for any proposer: forbidden drafts cut, forced tokens drafted for free.
 
-``Proposer.draft`` (what the runner calls) runs the method's ``propose`` and then ``grammar_drafts``.
+The runner calls it after every method's ``propose``.
 For a request with a grammar (``SamplingParams.structured_output``) it walks the proposer's drafts
 under the grammar (``GrammarState.plan_drafts``), after this step's emitted tokens:
 

@@ -6,11 +6,13 @@ pays off on copy/edit workloads (code edits, summaries quoting the prompt, RAG a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
 import torch
 
+from eyas.spec.options import MethodOptions, option
 from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
 
 
@@ -56,16 +58,27 @@ def propose_ngram(history: np.ndarray, min_n: int, max_n: int, k: int) -> np.nda
     return history[e + 1 : e + 1 + k].astype(np.int64, copy=False)
 
 
+@dataclass(frozen=True)
+class NgramOptions(MethodOptions):
+    prompt_lookup_min: int = option(2, "ngram: smallest n-gram to match", flag="--spec-lookup-min", parse=int)
+    prompt_lookup_max: int = option(4, "ngram: largest n-gram to match", flag="--spec-lookup-max", parse=int)
+
+    def validate(self) -> None:
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(f"speculative_config.prompt_lookup_min/max: need 1 <= min <= max, got "
+                             f"{self.prompt_lookup_min}, {self.prompt_lookup_max}")
+
+
 class NgramProposer(Proposer):
     """Prompt lookup per request: ``k`` drafts from ``propose_ngram`` on prompt + outputs + emitted."""
 
     method = "ngram"
-    config_fields = frozenset({"prompt_lookup_min", "prompt_lookup_max"})
+    Options = NgramOptions
 
     def __init__(self, spec_config, engine_config, target):
         self.k = spec_config.num_speculative_tokens
-        self.min_n = spec_config.prompt_lookup_min
-        self.max_n = spec_config.prompt_lookup_max
+        self.min_n = spec_config.options.prompt_lookup_min
+        self.max_n = spec_config.options.prompt_lookup_max
         self.device = engine_config.device
 
     def propose(self, inp: ProposerInput) -> ProposerOutput:

@@ -1,19 +1,22 @@
-"""The proposer interface: one input dataclass in, one output dataclass out, picked from a registry.
+"""The proposer interface: one input dataclass in, one output dataclass out; proposers are picked by name from
+``eyas.spec.registry``.
 
 A proposer never reaches into the scheduler or the runner. The runner calls ``propose``
-once per step, after verification, for the requests that sampled this step.
+once per step, after verification, for the requests that sampled this step, and then walks the drafts of
+requests with a grammar (``eyas.spec.grammar_drafts``), for every method alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+
+from eyas.core.step import DoneRequest
+from eyas.spec.options import MethodOptions
 
 
 @dataclass
@@ -26,7 +29,7 @@ class ProposerInput:
     the layout too, so a drafter with its own KV cache can keep it in step with the target.
     """
 
-    request_ids: list[str]  # [R] for proposers that keep per-request state between steps (see request_ended)
+    request_ids: list[str]  # [R] for proposers that keep per-request state between steps (see request_done)
     token_ids: list[list[int]]  # [R] host: committed history (prompt + outputs), emitted tokens NOT included
     emitted: torch.Tensor  # [R, k'+1] int64, tokens emitted this step, padded with -1
     num_emitted: torch.Tensor  # [R] int64 (accepted drafts + 1)
@@ -79,14 +82,14 @@ class Proposer(ABC):
     """A drafting method. Class attributes declare what it needs from the engine."""
 
     method: ClassVar[str]
-    config_fields: ClassVar[frozenset[str]] = frozenset()  # method options of SpeculativeConfig it reads
+    Options: ClassVar[type[MethodOptions]] = MethodOptions  # its keys of speculative_config (eyas.spec.options)
     needs_hidden_states: ClassVar[bool] = False  # target's last hidden states of the verification forward
     aux_layer_ids: tuple[int, ...] = ()  # target aux layers it reads (vLLM convention); set before the first step
-    grammar_seconds: float = 0.0  # spent in ``draft`` walking drafts under grammars
 
     @classmethod
     def validate_config(cls, config) -> None:
-        """Method-specific checks of a SpeculativeConfig; raise ValueError naming the field."""
+        """Checks that need more than the method's options (``Options.validate`` checks those), on the whole
+        SpeculativeConfig; raise ValueError naming the field."""
 
     @classmethod
     def default_num_speculative_tokens(cls, config: dict) -> int | None:
@@ -111,68 +114,14 @@ class Proposer(ABC):
     def propose(self, inp: ProposerInput) -> ProposerOutput:
         ...
 
-    def draft(self, inp: ProposerInput) -> ProposerOutput:
-        """What the runner calls: ``propose``, then, for rows with a grammar, the grammar-aware walk of
-        ``eyas.spec.grammar_drafts`` (forbidden drafts cut, forced tokens drafted), for every method alike."""
-        from eyas.spec.grammar_drafts import grammar_drafts
-
-        out = self.propose(inp)
-        if all(grammar is None for grammar in inp.grammars):
-            return out
-        start = time.perf_counter()
-        out = grammar_drafts(inp, out)
-        self.grammar_seconds += time.perf_counter() - start
-        return out
-
-    def request_finished(self, request_id: str, token_ids: list[int], num_prompt_tokens: int,
-                         block_tables: list[list[int]]) -> str | None:
-        """A request finished normally; its blocks still hold its state until the next forward.
-
-        ``token_ids`` are the tokens whose states are in the cache (prompt, then outputs but the
-        last). Returns what the proposer saved for the request (a file path) or None.
-        """
+    def request_done(self, done: DoneRequest) -> str | None:
+        """A request left the engine for good, whether or not it ever reached ``propose``: drop its state. With
+        ``done.block_tables`` its blocks still hold its states until the next forward, to save from. Returns what
+        the proposer saved for the request (a file path) or None."""
         return None
-
-    def request_ended(self, request_id: str, token_ids: list[int], num_prompt_tokens: int) -> None:
-        """A request left the engine for good (finished, stopped or aborted; not preempted), whether or not
-        it ever reached ``propose``: drop its per-request state. ``token_ids``: prompt + every committed output."""
 
     def flush(self) -> None:
         """Wait until everything handed to background work is done; raise its first error."""
 
     def close(self) -> None:
         """The engine shuts down: persist what should outlive it. No ``propose`` follows; a second call is a no-op."""
-
-
-_REGISTRY = {
-    "ngram": ("eyas.spec.ngram", "NgramProposer"),
-    "draft_model": ("eyas.spec.draft_model", "DraftModelProposer"),
-    "extract_hidden_states": ("eyas.spec.extract_hidden_states", "ExtractHiddenStatesProposer"),
-    "eagle": ("eyas.spec.speculator", "EagleSpeculator"),
-    "eagle3": ("eyas.spec.speculator", "Eagle3Speculator"),
-    "mtp": ("eyas.spec.speculator", "MtpSpeculator"),
-    "suffix": ("eyas.spec.suffix", "SuffixProposer"),
-}
-
-
-def proposer_methods() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def make_proposer(spec, engine_config, target) -> Proposer:
-    """The proposer of a SpeculativeConfig: its method's, behind suffix decoding with ``enable_suffix_decoding``
-    (``eyas.spec.suffix_hybrid``)."""
-    proposer = proposer_class(spec.method)(spec, engine_config, target)
-    if not spec.enable_suffix_decoding:
-        return proposer
-    from eyas.spec.suffix import SuffixProposer
-    from eyas.spec.suffix_hybrid import SuffixHybrid
-
-    return SuffixHybrid(proposer, SuffixProposer(spec.suffix_config, engine_config, target), spec.num_speculative_tokens)
-
-
-def proposer_class(method: str) -> type[Proposer]:
-    if method not in _REGISTRY:
-        raise ValueError(f"speculative_config.method: '{method}' is not one of {', '.join(proposer_methods())}")
-    module, cls = _REGISTRY[method]
-    return getattr(importlib.import_module(module), cls)

@@ -50,12 +50,14 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 
 from eyas.config import EngineConfig
+from eyas.core.step import DoneRequest
 from eyas.drafters import shipped_drafter
 from eyas.kv.manager import KVCacheGroupSpec
 from eyas.model.attention import AttentionBatch, UniformBatch, block_table_tensor, default_backend, get_backend, layout_slots
@@ -63,13 +65,19 @@ from eyas.model.cuda_graphs import UniformLayout, engine_graphs, pad_table, tabl
 from eyas.model.drafters.checkpoint import load_drafter
 from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.spec.catch_up import CatchUp, DraftBatch
-from eyas.spec.config import SUFFIX_FIELDS
 from eyas.spec.draft_sampling import DraftSampler
+from eyas.spec.options import MethodOptions, option
 from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
 
 
+@dataclass(frozen=True)
+class SpeculatorOptions(MethodOptions):
+    model: str | None = option(None, "eagle, eagle3, mtp: the drafter's checkpoint folder; draft_model: a smaller model "
+                               "with the target's vocabulary (HF folder or .gguf)", flag="--spec-model", parse=str)
+
+
 class HiddenStateSpeculator(Proposer):
-    config_fields = frozenset({"model", "enable_suffix_decoding"}) | SUFFIX_FIELDS
+    Options = SpeculatorOptions
     method: ClassVar[str]
     # where the drafter comes from without speculative_config.model: "none" (required), "target" (MTP layers
     # inside the target's own folder), "shipped" (the drafter eyas ships for the target, eyas.drafters)
@@ -77,7 +85,7 @@ class HiddenStateSpeculator(Proposer):
 
     @classmethod
     def validate_config(cls, config) -> None:
-        if config.model is None and cls.default_drafter == "none":
+        if config.options.model is None and cls.default_drafter == "none":
             raise ValueError(f"speculative_config.model: method '{cls.method}' needs the drafter checkpoint folder")
 
     @classmethod
@@ -93,7 +101,7 @@ class HiddenStateSpeculator(Proposer):
         return methods[0].get("speculative_tokens") or hf.get("num_speculative_tokens")
 
     def __init__(self, spec, config: EngineConfig, target):
-        path = spec.model if spec.model is not None else self._default_path(config.model)
+        path = spec.options.model if spec.options.model is not None else self._default_path(config.model)
         # a target on eyas's CPU kernels (quantized weights): the drafter's matrices become int8 rows
         self.drafter = load_drafter(path, target, dtype=config.dtype, device=config.device,
                                     max_positions=config.max_positions, method=self.method,
@@ -146,9 +154,9 @@ class HiddenStateSpeculator(Proposer):
         if self.catch_up:
             self.catch_up.bind_kv_cache(num_blocks * block_size, first_group + len(self.layers))
 
-    def request_ended(self, request_id: str, token_ids: list[int], num_prompt_tokens: int) -> None:
+    def request_done(self, done: DoneRequest) -> None:
         if self.catch_up:
-            self.catch_up.forget(request_id)
+            self.catch_up.forget(done.request_id)
 
     def _next_tokens(self, inp: ProposerInput) -> torch.Tensor:
         """[num_tokens]: the token after each layout row (see the module docstring)."""

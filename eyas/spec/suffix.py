@@ -37,12 +37,15 @@ import tempfile
 import weakref
 import zipfile
 from collections import deque
+from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
 import torch
 
-from eyas.spec.config import MAX_SPECULATIVE_TOKENS
+from eyas.config import MAX_SPECULATIVE_TOKENS
+from eyas.core.step import DoneRequest
+from eyas.spec.options import MethodOptions, option
 from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
 from eyas.spec.suffix_tree import Draft, SequenceWriter, SuffixTree, best_draft
 
@@ -137,23 +140,34 @@ def load_outputs(path: str, vocab_size: int) -> list[list[int]]:
     return [chunk.tolist() for chunk in np.split(tokens, np.cumsum(lengths)[:-1])] if len(lengths) else []
 
 
-class SuffixProposer(Proposer):
-    """Per-request suffix trees plus the global tree of earlier outputs; drafts from whichever scores higher."""
+@dataclass(frozen=True)
+class SuffixOptions(MethodOptions):
+    """vLLM's names and defaults."""
 
-    method = "suffix"
-    config_fields = frozenset({_DEPTH, "suffix_decoding_max_cached_requests", _FACTOR,
-                               "suffix_decoding_min_token_prob", "suffix_decoding_cache_file"})
+    suffix_decoding_max_tree_depth: int = option(24, "suffix: depth of the suffix trees, match plus draft (default 24)",
+                                                 flag="--suffix-max-tree-depth", parse=int)
+    suffix_decoding_max_cached_requests: int = option(
+        10000, "suffix: outputs kept in the global tree, the oldest evicted first (default 10000; 0 = none)",
+        flag="--suffix-max-cached-requests", parse=int)
+    suffix_decoding_max_spec_factor: float = option(
+        1.0, "suffix: draft at most this many tokens per matched token (default 1.0)", flag="--suffix-max-spec-factor",
+        parse=float)
+    suffix_decoding_min_token_prob: float = option(
+        0.1, "suffix: stop a draft where its estimated probability falls below this (default 0.1)",
+        flag="--suffix-min-token-prob", parse=float)
+    suffix_decoding_cache_file: str | None = option(
+        None, "suffix: load the global tree from FILE at start (if it exists), save it there at exit",
+        flag="--suffix-cache", parse=str)
 
-    @classmethod
-    def validate_config(cls, config) -> None:
-        _check_shape(config.suffix_decoding_max_tree_depth, config.suffix_decoding_max_spec_factor)
-        cached, prob = config.suffix_decoding_max_cached_requests, config.suffix_decoding_min_token_prob
+    def validate(self) -> None:
+        _check_shape(self.suffix_decoding_max_tree_depth, self.suffix_decoding_max_spec_factor)
+        cached, prob = self.suffix_decoding_max_cached_requests, self.suffix_decoding_min_token_prob
         if not _is_int(cached) or cached < 0:
             raise ValueError(f"speculative_config.suffix_decoding_max_cached_requests: {cached!r} must be an int "
                              f">= 0 (0 = no global tree)")
         if not _is_number(prob) or not 0 <= prob <= 1:
             raise ValueError(f"speculative_config.suffix_decoding_min_token_prob: {prob!r} must be a number in [0, 1]")
-        path = config.suffix_decoding_cache_file
+        path = self.suffix_decoding_cache_file
         if path is None:
             return
         where = f"speculative_config.suffix_decoding_cache_file: {path!r}"
@@ -167,25 +181,38 @@ class SuffixProposer(Proposer):
         if cached == 0:
             raise ValueError(f"{where} needs the global tree, which suffix_decoding_max_cached_requests=0 turns off")
 
+    def longest_draft(self) -> int:
+        """The longest draft these options allow, as a k (12 for the defaults)."""
+        return min(max(1, longest_draft(self.suffix_decoding_max_tree_depth, self.suffix_decoding_max_spec_factor)),
+                   MAX_SPECULATIVE_TOKENS)
+
+
+class SuffixProposer(Proposer):
+    """Per-request suffix trees plus the global tree of earlier outputs; drafts from whichever scores higher."""
+
+    method = "suffix"
+    Options = SuffixOptions
+
     @classmethod
     def default_num_speculative_tokens(cls, config: dict) -> int:
         """vLLM defaults k to the tree depth, a bound drafts never reach: eyas takes the longest draft the
         depth and factor allow (12 for the defaults), since k also sizes every request's lookahead slots."""
         depth, factor = config.get(_DEPTH, 24), config.get(_FACTOR, 1.0)
         _check_shape(depth, factor)
-        return min(max(1, longest_draft(depth, factor)), MAX_SPECULATIVE_TOKENS)
+        return SuffixOptions(suffix_decoding_max_tree_depth=depth, suffix_decoding_max_spec_factor=factor).longest_draft()
 
     def __init__(self, spec_config, engine_config, target):
+        options = spec_config.options
         self.k = spec_config.num_speculative_tokens
-        self.depth = spec_config.suffix_decoding_max_tree_depth
-        self.factor = spec_config.suffix_decoding_max_spec_factor
-        self.min_prob = spec_config.suffix_decoding_min_token_prob
+        self.depth = options.suffix_decoding_max_tree_depth
+        self.factor = options.suffix_decoding_max_spec_factor
+        self.min_prob = options.suffix_decoding_min_token_prob
         self.device = engine_config.device
         self.requests: dict[str, SequenceWriter] = {}  # request id -> its own tree, holding prompt + outputs
-        max_cached = spec_config.suffix_decoding_max_cached_requests
+        max_cached = options.suffix_decoding_max_cached_requests
         self.cache = ResponseCache(self.depth, max_cached) if max_cached > 0 else None
         self._save = None
-        path = spec_config.suffix_decoding_cache_file
+        path = options.suffix_decoding_cache_file
         if path is not None:
             path, vocab_size = os.fspath(path), engine_config.model.vocab_size
             if os.path.exists(path):
@@ -239,10 +266,10 @@ class SuffixProposer(Proposer):
                            beat=own.score if own is not None else 0.0)
         return other if other is not None else own
 
-    def request_ended(self, request_id: str, token_ids: list[int], num_prompt_tokens: int) -> None:
-        self.requests.pop(request_id, None)
-        if self.cache is not None and len(token_ids) > num_prompt_tokens:
-            self.cache.add(token_ids[num_prompt_tokens:])
+    def request_done(self, done: DoneRequest) -> None:
+        self.requests.pop(done.request_id, None)
+        if self.cache is not None and len(done.token_ids) > done.num_prompt_tokens:
+            self.cache.add(done.token_ids[done.num_prompt_tokens:])
 
     def close(self) -> None:
         if self._save is not None:

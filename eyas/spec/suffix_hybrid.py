@@ -9,21 +9,16 @@ the others take the model drafter's k drafts. ArcticInference's rule, with its t
 
 The two kinds of text pay in different places. A trained drafter predicts the next token or two of fresh
 prose; suffix decoding predicts long runs that were written before (a passage copied from the prompt, code
-repeated across requests) but has nothing to say about fresh prose. Replayed exactly on 16 held-out chat
-prompts (greedy, 128 tokens, the shipped EAGLE-3 drafter at k = 1, the GGUF row costs, a drafter step at
-0.13 of a forward, every draft verified up to 3 or 16 suffix drafts): the drafter's drafts alone gave 1.23
-tokens per one-row forward, suffix decoding's alone 1.19-1.21, and this rule 1.33-1.34.
+repeated across requests) but has nothing to say about fresh prose, so the two add up
+(docs/spec-model-free.md has what it measured).
 
 The model drafter is told to skip the requests that take suffix drafts (``ProposerInput.expected_drafts``
 0: a hidden-state drafter leaves them out and catches up when it drafts for them again,
 ``eyas.spec.catch_up``), so it spends nothing on them. Both keep their state as they would alone: suffix
 decoding appends every committed token to its trees, the drafter's caches follow the verification layout.
 The engine's lookahead grows to ``SpeculativeConfig.max_drafts`` (the longer of k and suffix decoding's
-longest draft), and its cost model (``eyas.spec.adaptive``) decides, as for any proposer, how many drafts
-are verified. On repetitive code, where suffix decoding's drafts are long and right and the drafter's earn
-less than their step costs, the mix needs 12% fewer forwards than suffix decoding alone but pays for the
-drafter's steps: about 3% ahead by the cost model, 0.87x to 1.03x in timed runs
-(``benchmarks/bench_suffix_hybrid.py``).
+longest draft, ``SuffixHybridOptions.max_drafts``), and its cost model (``eyas.spec.adaptive``) decides, as for
+any proposer, how many drafts are verified.
 
 Example (k = 1): request A's last tokens were seen before, and suffix decoding offers [5, 9, 2] with
 probabilities [1.0, 1.0, 0.5] (score 2.5 >= 1): A takes [5, 9, 2], and the drafter skips A. Request B's
@@ -33,15 +28,42 @@ suffix draft [7] has probability 0.4 (score 0.4 < 1): B takes the drafter's one 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import torch
 
+from eyas.core.step import DoneRequest
+from eyas.spec.config import SpeculativeConfig
+from eyas.spec.options import option
 from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
-from eyas.spec.suffix import SuffixProposer
+from eyas.spec.suffix import SuffixOptions, SuffixProposer
+
+
+@dataclass(frozen=True)
+class SuffixHybridOptions(SuffixOptions):
+    """The switch, and suffix decoding's own options (which a model drafter's method reads only with it on)."""
+
+    enable_suffix_decoding: bool = option(
+        False, "eagle, eagle3, mtp: suffix decoding in front of the drafter; a request whose suffix draft scores at "
+               "least k takes it (the --suffix-* options apply)", flag="--spec-suffix")
+
+    def max_drafts(self, k: int) -> int:
+        """A request's lookahead slots: the longer of the drafter's k and suffix decoding's longest draft."""
+        return max(k, self.longest_draft())
 
 
 class SuffixHybrid(Proposer):
     """``suffix`` drafts where they score at least k, the model ``drafter``'s elsewhere (module docstring)."""
+
+    switch = "enable_suffix_decoding"
+    wraps = frozenset({"eagle", "eagle3", "mtp"})  # drafters that skip the rows they are told 0
+    Options = SuffixHybridOptions
+
+    @classmethod
+    def wrap(cls, drafter: Proposer, options: SuffixHybridOptions, spec, engine_config, target) -> SuffixHybrid:
+        suffix_options = SuffixOptions(**{key: getattr(options, key) for key in SuffixOptions.keys()})
+        suffix_spec = SpeculativeConfig("suffix", suffix_options.longest_draft(), options=suffix_options)
+        return cls(drafter, SuffixProposer(suffix_spec, engine_config, target), spec.num_speculative_tokens)
 
     def __init__(self, drafter: Proposer, suffix: SuffixProposer, k: int):
         self.drafter, self.suffix, self.min_score = drafter, suffix, float(k)
@@ -77,13 +99,9 @@ class SuffixHybrid(Proposer):
         return ProposerOutput(tokens, torch.where(rows, suffix.num_drafts, model.num_drafts),
                               _probabilities(model.draft_probs, tokens, take, counts))
 
-    def request_finished(self, request_id: str, token_ids: list[int], num_prompt_tokens: int,
-                         block_tables: list[list[int]]) -> str | None:
-        return self.drafter.request_finished(request_id, token_ids, num_prompt_tokens, block_tables)
-
-    def request_ended(self, request_id: str, token_ids: list[int], num_prompt_tokens: int) -> None:
-        self.suffix.request_ended(request_id, token_ids, num_prompt_tokens)
-        self.drafter.request_ended(request_id, token_ids, num_prompt_tokens)
+    def request_done(self, done: DoneRequest) -> str | None:
+        self.suffix.request_done(done)
+        return self.drafter.request_done(done)
 
     def flush(self) -> None:
         self.drafter.flush()

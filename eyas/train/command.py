@@ -18,11 +18,13 @@ def _ids(text: str) -> tuple[int, ...]:
 
 
 def add_train_parser(sub) -> None:
+    from eyas.train.recipes import RECIPES
+
     p = sub.add_parser("train", help="train an EAGLE-3 or MTP drafter from hidden-state dumps (or --online)",
                        description="Train a drafter for the target (--model) by distillation to its next-token "
                                    "distribution with training-time test. Re-running the same command resumes "
                                    "from the last checkpoint in --out.")
-    p.add_argument("method", choices=["eagle3", "mtp"], help="drafter to train")
+    p.add_argument("method", choices=sorted(RECIPES), help="drafter to train")
     p.add_argument("--data", required=True, nargs="+",
                    help="dump folder(s) (`eyas extract` output, or plain vLLM/speculators dumps), trained on "
                         "together (e.g. regenerated and original replies); with --online: conversation sources "

@@ -1,0 +1,143 @@
+"""Each request's speculation between steps, in one record, and the choice of which drafts a step verifies.
+
+The scheduler owns the planner: it keeps the drafts the proposer made for a request (with their grammar-forced
+flags and the drafter's probabilities, which it passes back to the runner untouched), the request's adaptive
+draft budget (``eyas.spec.adaptive``), and decides, across a batch, how many of each request's drafts are worth
+their rows this step (``plan``) and how many the next step is expected to verify (``expected``, which a drafter
+reads to skip the requests whose drafts would be dropped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from eyas.core.request import Request
+from eyas.spec.adaptive import FREE_ROWS, DraftBudget, RowCost, allocate_drafts
+
+
+@dataclass
+class DraftRecord:
+    """One request's speculation state."""
+
+    tokens: list[int] = field(default_factory=list)  # drafts proposed for the next step
+    forced: list[bool] = field(default_factory=list)  # per draft: the only token its grammar admits there
+    probs: Any = None  # [n, vocab] the drafter's probabilities of them (rejection sampling), a device tensor; or None
+    budget: DraftBudget | None = None  # its adaptive draft length; None without adaptive drafting
+
+
+@dataclass(frozen=True)
+class Drafts:
+    """What a request verifies this step."""
+
+    tokens: list[int]
+    forced: list[bool]
+    probs: Any  # [len(tokens), vocab] or None
+
+
+NO_DRAFTS = Drafts([], [], None)
+
+
+class DraftPlanner:
+    def __init__(self, max_drafts: int, adaptive: bool, row_cost: RowCost = FREE_ROWS, step_cost: float = 0.0):
+        self.max_drafts = max_drafts  # every request's lookahead slots
+        self.adaptive = adaptive
+        self.row_cost = row_cost  # a forward's cost by its rows, in one-row forwards
+        self.step_cost = step_cost  # the drafter's work in a step that verifies drafts, likewise
+        self.records: dict[str, DraftRecord] = {}
+
+    def _record(self, request_id: str) -> DraftRecord:
+        record = self.records.get(request_id)
+        if record is None:
+            record = self.records[request_id] = DraftRecord()
+            if self.adaptive:
+                record.budget = DraftBudget.start(self.max_drafts)
+        return record
+
+    def plan(self, sampling: list[Request], num_rows: int, budget: int) -> dict[str, Drafts]:
+        """The drafts each request of ``sampling`` (those whose next token the step samples) verifies: those its
+        adaptive limit, max_tokens and max_model_len allow, then, across the batch, those worth their rows
+        (``allocate_drafts``) within the token ``budget`` the step's ``num_rows`` committed tokens leave. The
+        pending drafts are taken: a request drafts anew after every verification."""
+        offered = {request.request_id: self._usable(request) for request in sampling}
+        if self.adaptive:
+            offers = [(len(d.tokens), self.records[i].budget.acceptance(), _leading(d.forced))
+                      for i, d in offered.items()]
+            counts = allocate_drafts(offers, num_rows, self.row_cost, budget, self.step_cost)
+        else:  # every draft, first come first served within the budget
+            counts = allocate_drafts([(len(d.tokens), 1.0, 0) for d in offered.values()], num_rows, FREE_ROWS, budget)
+        return {i: _first(d, n) for (i, d), n in zip(offered.items(), counts)}
+
+    def expected(self, drafting: set[str], sampling: list[Request], num_rows: int, budget: int) -> dict[str, int]:
+        """Per request of ``drafting`` (sampling this step): the drafts the next step's ``plan`` would verify for
+        it, if its proposer offered every draft it may and this step's verification taught the budgets nothing.
+
+        A pure peek (``DraftBudget.peek``, then ``allocate_drafts`` over the next step's ``sampling`` requests
+        and ``num_rows``); what the next step really verifies can differ only through this step's acceptance,
+        stops and admissions. Without adaptive drafting: every lookahead slot.
+        """
+        if not self.adaptive:
+            return dict.fromkeys(drafting, self.max_drafts)
+        offers = {}  # request id -> (drafts it may offer, acceptance, forced drafts: unknown yet)
+        for request in sampling:  # a request whose prompt ends next step holds no drafts: it offers none
+            record = self.records.get(request.request_id)
+            limit, acceptance = (record.budget if record else DraftBudget.start(self.max_drafts)).peek()
+            may = request.request_id in drafting and request.params.speculate
+            offers[request.request_id] = (max(0, min(limit, room(request, 1))) if may else 0, acceptance, 0)
+        allocated = dict(zip(offers, allocate_drafts(list(offers.values()), num_rows, self.row_cost, budget,
+                                                     self.step_cost)))
+        return {i: allocated.get(i, 0) for i in drafting}
+
+    def verified(self, request_id: str, num_drafts: int, num_accepted: int, forced: list[bool]) -> None:
+        """A verification's outcome teaches the request's budget (leading forced drafts left out: they are
+        always accepted, whatever the proposer is worth)."""
+        record = self.records.get(request_id)
+        if record is not None and record.budget is not None:
+            lead = min(_leading(forced), num_accepted)
+            record.budget.update(num_drafts - lead, num_accepted - lead)
+
+    def keep(self, request_id: str, tokens: list[int], forced: list[bool], probs: Any) -> None:
+        """The proposer's drafts for the request's next step."""
+        record = self._record(request_id)
+        record.tokens, record.forced, record.probs = tokens, forced, probs
+
+    def drop_drafts(self, request_id: str) -> None:
+        """Preemption: the pending drafts go (the request is recomputed); its budget stays."""
+        record = self.records.get(request_id)
+        if record is not None:
+            record.tokens, record.forced, record.probs = [], [], None
+
+    def done(self, request_id: str) -> None:
+        """The request left the engine."""
+        self.records.pop(request_id, None)
+
+    def _usable(self, request: Request) -> Drafts:
+        """The pending drafts that fit the adaptive limit (which leading forced drafts pass), max_model_len and
+        max_tokens, taken from the record."""
+        record = self._record(request.request_id)
+        drafts = Drafts(record.tokens, record.forced or [False] * len(record.tokens), record.probs)
+        record.tokens, record.forced, record.probs = [], [], None
+        limit = room(request, 0)
+        if record.budget is not None:
+            limit = min(limit, max(record.budget.limit, _leading(drafts.forced)))
+        return _first(drafts, max(0, limit))
+
+
+def room(request: Request, new_tokens: int) -> int:
+    """Drafts that fit max_model_len and max_tokens once the request holds ``new_tokens`` more tokens."""
+    return min(request.max_total_tokens - request.num_tokens - new_tokens - 1,
+               request.max_output_tokens - request.num_output_tokens - new_tokens - 1)
+
+
+def _first(drafts: Drafts, n: int) -> Drafts:
+    if n >= len(drafts.tokens):
+        return drafts
+    return Drafts(drafts.tokens[:n], drafts.forced[:n], None if drafts.probs is None else drafts.probs[:n])
+
+
+def _leading(forced: list[bool]) -> int:
+    """How many drafts at the front are forced by the grammar (certain to be accepted)."""
+    n = 0
+    while n < len(forced) and forced[n]:
+        n += 1
+    return n
