@@ -204,7 +204,9 @@ class EngineConfig:
         ``torch.set_float32_matmul_precision("medium")`` allows. ``"auto"``: medium where it runs (the weights
         on eyas's kernels, a CPU whose bf16 dot products do at least ``BF16_PRODUCTS_MIN_RATIO`` times the
         multiply-adds of its float32 FMAs, ``eyas.kernels.bf16_mac_ratio``), as vLLM's CPU backend multiplies in
-        bfloat16; highest elsewhere."""
+        bfloat16; highest elsewhere. ``"low"`` (int8 activations per block of 32, integer dot products: q8_gemm.c)
+        only when asked for: on the default model its logits were further from float32 than HF's own bfloat16
+        model's and it ran no faster than "highest" (docs/cpu-weights.md)."""
         from eyas.kernels import bf16_mac_ratio, cpu_flags
         from eyas.model.quantized import MATMUL_PRECISIONS, dot_products, kernel_available
 
