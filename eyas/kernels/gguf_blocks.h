@@ -5,6 +5,15 @@
 #include <stdint.h>
 #include <string.h>
 
+typedef uint8_t v16u8 __attribute__((vector_size(16)));
+
+/* 16 bytes of a block as a vector (any alignment) */
+static inline v16u8 bytes16(const uint8_t *p) {
+    v16u8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
 /* GGML's type numbers; I8_ROW (one int8 per weight, a float32 scale per output row) is eyas's own */
 enum { F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30, I8_ROW = 1000 };
 

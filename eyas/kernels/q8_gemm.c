@@ -58,7 +58,6 @@
 
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
-typedef uint8_t v16u8 __attribute__((vector_size(16)));
 typedef uint8_t v32u8 __attribute__((vector_size(32)));
 
 static inline int is_signed(int type) { return type == Q8_0 || type == Q6_K || type == I8_ROW; }
@@ -86,11 +85,6 @@ static void quantize_row(const float *x, int64_t nsub, int8_t *qx, float *dx, fl
     }
 }
 
-static inline v16u8 load16(const uint8_t *p) {
-    v16u8 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
 static inline v32u8 load32(const uint8_t *p) {
     v32u8 v;
     memcpy(&v, p, sizeof v);
@@ -134,7 +128,7 @@ static inline __attribute__((always_inline)) void unpack_row(const int type, con
         switch (type) {
         case Q4_0: case Q4_1: { /* weight i in the low nibble of byte i, weight 16 + i in its high nibble */
             const uint8_t *blk = row + sb * (type == Q4_0 ? 18 : 20);
-            v16u8 q = load16(blk + (type == Q4_0 ? 2 : 4)), lo = q & 15, hi = q >> 4;
+            v16u8 q = bytes16(blk + (type == Q4_0 ? 2 : 4)), lo = q & 15, hi = q >> 4;
             memcpy(out, &lo, 16);
             memcpy(out + 16, &hi, 16);
             break;

@@ -69,7 +69,6 @@ typedef float v8f __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 typedef int32_t v8i __attribute__((vector_size(32)));
-typedef uint8_t v16u8 __attribute__((vector_size(16)));
 typedef int8_t v16i8 __attribute__((vector_size(16)));
 
 /* A 16-lane vector from two 8-lane halves, through memory of the same widths (a 32-byte store then a 32-byte
@@ -84,11 +83,6 @@ static inline v16f cat8(v8f lo, v8f hi) {
 
 static inline v16f load16(const float *p) {
     v16f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-static inline v16u8 bytes16(const uint8_t *p) {
-    v16u8 v;
     memcpy(&v, p, sizeof v);
     return v;
 }

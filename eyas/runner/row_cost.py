@@ -4,8 +4,9 @@ shape, and kept in the cache folder (like ``eyas.kernels.bf16_mac_ratio``), so e
 the same drafting decisions from one record.
 
 The measurement times the target's own matrix products (every ``QuantLinear`` and ``Linear`` of the model, one
-pass in order, as a forward makes them) on n rows of random activations for each n of ``ROWS``: the n interleaved,
-``REPEATS`` passes, the median of each. The products are what a row adds to a CPU step; the rest of a step (norms,
+pass in order, as a forward makes them) on n rows of random activations for each n of ``ROWS``: after a warm-up
+pass, ``REPEATS`` passes with the n interleaved, the fastest of each (other work on a shared machine only ever
+slows a pass, and a record is kept for good). The products are what a row adds to a CPU step; the rest of a step (norms,
 RoPE, the attention call, Python) costs about the same at 1 and at 16 rows, so a whole step's curve is flatter and
 this one errs on the side of verifying fewer drafts. About 0.5 s for SmolLM2-135M's 121 products on 2 threads.
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -49,7 +49,7 @@ def record_path(model: nn.Module, quantization: str | None, precision: str, thre
 
 
 def measure(model: nn.Module, threads: int, repeats: int = REPEATS) -> tuple[float, ...]:
-    """The products' time at each n of ROWS over their time at one row (median of ``repeats`` interleaved)."""
+    """The products' time at each n of ROWS over their time at one row (best of ``repeats`` interleaved passes)."""
     products = _products(model)
     generator = torch.Generator().manual_seed(0)
     times: dict[int, list[float]] = {n: [] for n in ROWS}
@@ -59,7 +59,7 @@ def measure(model: nn.Module, threads: int, repeats: int = REPEATS) -> tuple[flo
         with torch.inference_mode():
             inputs = {n: {k: torch.randn(n, k, generator=generator) for k in {m.in_features for m in products}}
                       for n in ROWS}
-            for _ in range(repeats):
+            for _ in range(repeats + 1):  # the first pass warms caches and is dropped
                 for n in ROWS:
                     start = time.perf_counter()
                     for m in products:
@@ -68,9 +68,10 @@ def measure(model: nn.Module, threads: int, repeats: int = REPEATS) -> tuple[flo
                     times[n].append(time.perf_counter() - start)
     finally:
         torch.set_num_threads(saved)
-    one, costs = statistics.median(times[1]), [1.0]
+    best = {n: min(t[1:]) for n, t in times.items()}
+    costs = [1.0]
     for n in ROWS[1:]:  # never below the fewer rows' cost: a row is not cheaper than none (timing noise)
-        costs.append(max(costs[-1], round(statistics.median(times[n]) / one, 3)))
+        costs.append(max(costs[-1], round(best[n] / best[1], 3)))
     return tuple(costs)
 
 
