@@ -16,6 +16,8 @@ static inline v16u8 bytes16(const uint8_t *p) {
 
 /* GGML's type numbers; I8_ROW (one int8 per weight, a float32 scale per output row) is eyas's own */
 enum { F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30, I8_ROW = 1000 };
+/* X(type) for every format whose weights are integers times scales (all but F16 and BF16) */
+#define INTEGER_FORMATS(X) X(Q4_0) X(Q4_1) X(Q8_0) X(Q4_K) X(Q5_K) X(Q6_K) X(I8_ROW)
 
 static inline float half_to_float(const uint8_t *p) {
     uint16_t h;

@@ -350,13 +350,7 @@ static inline __attribute__((always_inline)) void tile_rows(const int type, cons
         }                                                                                                   \
         return failed ? -1 : 0;                                                                             \
     }
-GEMM_FOR(Q4_0)
-GEMM_FOR(Q4_1)
-GEMM_FOR(Q8_0)
-GEMM_FOR(Q4_K)
-GEMM_FOR(Q5_K)
-GEMM_FOR(Q6_K)
-GEMM_FOR(I8_ROW)
+INTEGER_FORMATS(GEMM_FOR)
 
 /* Returns 0; -1 for an unknown type, a K the format cannot hold, or no memory; -2 for F16 / BF16 (no integer
    path: use quant_gemm.c). The same arguments as quant_gemm.c's eyas_quant_gemm. */
@@ -377,15 +371,10 @@ int eyas_q8_gemm(const float *x, int64_t ldx, const uint8_t *weight, int type, c
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (!few)
     for (int64_t m = 0; m < m_len; m++) quantize_row(x + m * ldx, nsub, qx + m * k_len, dx + m * np, sx + m * np);
     int status = -1;
-    switch (type) {
-    case Q4_0: status = gemm_Q4_0(qx, dx, sx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case Q4_1: status = gemm_Q4_1(qx, dx, sx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case Q8_0: status = gemm_Q8_0(qx, dx, sx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case Q4_K: status = gemm_Q4_K(qx, dx, sx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case Q5_K: status = gemm_Q5_K(qx, dx, sx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case Q6_K: status = gemm_Q6_K(qx, dx, sx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    case I8_ROW: status = gemm_I8_ROW(qx, dx, sx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    }
+#define CALL(TYPE) \
+    case TYPE: status = gemm_##TYPE(qx, dx, sx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
+    switch (type) { INTEGER_FORMATS(CALL) }
+#undef CALL
     if (!few) free(mem);
     return status;
 }

@@ -706,13 +706,7 @@ static inline __attribute__((always_inline)) void panel(const int type, int64_t 
     }
 GEMM_FOR(F16)
 GEMM_FOR(BF16)
-GEMM_FOR(I8_ROW)
-GEMM_FOR(Q4_0)
-GEMM_FOR(Q4_1)
-GEMM_FOR(Q8_0)
-GEMM_FOR(Q4_K)
-GEMM_FOR(Q5_K)
-GEMM_FOR(Q6_K)
+INTEGER_FORMATS(GEMM_FOR)
 
 #define SMALL_X 16384 /* bfloat16 activations converted on the stack (32 KiB): up to 8 rows of K = 2048 */
 
