@@ -14,7 +14,7 @@ SHOWN_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512
 
 def weight_mode(spec: str) -> dict:
     """``LLM`` keyword arguments of a weight mode as the scripts' ``--modes`` name it: a quantization (``none`` = the
-    engine dtype), then ``@highest`` or ``@medium`` for the products' matmul precision (without it, the engine's
+    engine dtype), then ``@highest``, ``@medium`` or ``@low`` for the products' matmul precision (without it, the engine's
     default, "auto"). ``"gguf@highest"`` -> quantization "gguf", float32 products; ``"int8"`` -> quantization
     "int8", matmul precision "auto"."""
     quantization, _, precision = spec.partition("@")

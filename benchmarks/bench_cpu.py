@@ -58,8 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-sizes", type=batch_sizes, default=[1, 16])
     p.add_argument("--threads", type=batch_sizes, default=[1, 2])
     p.add_argument("--eyas-modes", default="", help="extra eyas weight formats beside the default: int8,none; "
-                   "MODE@highest / MODE@medium for float32 / bfloat16 products (auto@highest: the default format, "
-                   "float32 products)")
+                   "MODE@highest / MODE@medium / MODE@low for float32 / bfloat16 / int8 products (auto@highest: the "
+                   "default format, float32 products)")
     p.add_argument("--skip-llama", action="store_true")
     p.add_argument("--skip-vllm", action="store_true")
     p.add_argument("--ngram-k", type=int, default=8, help="n-gram draft length in the speculation table "

@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suffix", action="store_true",
                    help="also time the drafter with suffix decoding in front of it (enable_suffix_decoding)")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--matmul-precision", default="auto", choices=["auto", "highest", "medium"],
+    p.add_argument("--matmul-precision", default="auto", choices=["auto", "highest", "medium", "low"],
                    help="the target's products, plain and speculative alike (medium: bfloat16, AVX512-BF16 CPUs; "
                         "auto: medium where it pays)")
     p.add_argument("--export", default=None,

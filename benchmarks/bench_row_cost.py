@@ -1,17 +1,18 @@
-"""What one more row of a forward costs on this CPU, per weight format: the figures behind
-``eyas.spec.config.CPU_ROW_COSTS``, the scheduler's default ``draft_row_cost``.
+"""What one more row of a forward costs on this CPU, per weight format: the whole step's curve, beside the
+curve the scheduler prices drafts with (``eyas/runner/row_cost.py``: the target's products alone, measured once
+per CPU and kept in the cache folder).
 
 A speculative step verifies k drafts as k + 1 rows of one request; it pays when the accepted drafts
 cover what the extra rows cost. This times the engine's step with n new rows on a cached prefix
 (prefix caching on, one request of a 192-token prompt already cached, then n more tokens and one
 sampled token: the shape of a verification of n - 1 drafts), for each n and each weight format, the
 n interleaved and the median of ``--repeats`` taken. It prints each n's time as a multiple of the
-one-row step (the scheduler's curve for the format, ``CPU_ROW_COSTS``, below it), and the slope c of
+one-row step (the scheduler's recorded curve for the format below it), and the slope c of
 the line (1 + c * n) / (1 + c) fitted by least squares over the measured n (what
 ``speculative_config={"draft_row_cost": c}`` sets).
 
     python benchmarks/bench_row_cost.py [--modes gguf,int8,bf16,none] [--threads 2]   # the default precision
-    python benchmarks/bench_row_cost.py --modes gguf@highest,gguf@medium   # float32 / bfloat16 products
+    python benchmarks/bench_row_cost.py --modes gguf@highest,gguf@medium,gguf@low   # float32 / bf16 / int8 products
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 from bench_common import cpu_line, weight_mode
 
 from eyas import LLM, SamplingParams
-from eyas.spec.config import CPU_ROW_COSTS
+from eyas.spec.adaptive import RowCost
 
 ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
 PREFIX = 192  # tokens: whole blocks of 16, so all of them are cached
@@ -33,17 +34,17 @@ PREFIX = 192  # tokens: whole blocks of 16, so all of them are cached
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--modes", default="gguf,int8,bf16,none", help="quantization modes (none = the engine dtype); "
-                   "MODE@highest or MODE@medium for that matmul precision (default: auto)")
+                   "MODE@highest, MODE@medium or MODE@low for that matmul precision (default: auto)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=9)
     return p.parse_args(argv)
 
 
-def step_times(mode: dict, threads: int, repeats: int) -> tuple[dict[int, float], tuple[str | None, str]]:
-    """Median seconds of a step with n new rows, for each n of ROWS, and the engine's (quantization, matmul
-    precision) as it resolved them; ``mode``: ``weight_mode``'s LLM arguments."""
+def step_times(mode: dict, threads: int, repeats: int) -> tuple[dict[int, float], RowCost]:
+    """Median seconds of a step with n new rows, for each n of ROWS, and the scheduler's recorded curve for the
+    engine's weights; ``mode``: ``weight_mode``'s LLM arguments."""
     llm = LLM(None, num_threads=threads, max_model_len=1024, enable_prefix_caching=True, **mode)
-    resolved = (llm.engine.config.quantization, llm.engine.config.matmul_precision)
+    recorded = llm.engine.runner.measured_row_cost()
     rng = random.Random(0)
     prefix = [rng.randrange(100, 40000) for _ in range(PREFIX)]
     one = SamplingParams(temperature=0, max_tokens=1)
@@ -55,7 +56,7 @@ def step_times(mode: dict, threads: int, repeats: int) -> tuple[dict[int, float]
             start = time.perf_counter()
             llm.generate([prompt], one, use_tqdm=False)
             times[n].append(time.perf_counter() - start)
-    return {n: statistics.median(t) for n, t in times.items()}, resolved
+    return {n: statistics.median(t) for n, t in times.items()}, recorded
 
 
 def fitted_slope(ratios: dict[int, float]) -> float:
@@ -70,12 +71,11 @@ def main(argv=None) -> int:
     print(f"{cpu_line()}; {args.threads} thread(s)")
     print(f"{'mode':<12} one-row step  " + "  ".join(f"{n:>4}" for n in ROWS) + "  fitted c")
     for spec in args.modes.split(","):
-        times, resolved = step_times(weight_mode(spec), args.threads, args.repeats)
+        times, recorded = step_times(weight_mode(spec), args.threads, args.repeats)
         ratios = {n: t / times[1] for n, t in times.items()}
-        default = CPU_ROW_COSTS[resolved]
         print(f"{spec:<12} {times[1] * 1e3:9.2f} ms  " + "  ".join(f"{ratios[n]:4.2f}" for n in ROWS)
               + f"  {fitted_slope(ratios):8.3f}")
-        print(f"{'':<12} {'CPU_ROW_COSTS':>12}  " + "  ".join(f"{default(n):4.2f}" for n in ROWS))
+        print(f"{'':<12} {'recorded':>12}  " + "  ".join(f"{recorded(n):4.2f}" for n in ROWS))
     return 0
 
 

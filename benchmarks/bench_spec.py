@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="model folder or .gguf (default: built-in SmolLM2-135M)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--threads", type=int, default=1, help="torch threads for eyas and HF alike")
-    p.add_argument("--matmul-precision", default="auto", choices=["auto", "highest", "medium"],
+    p.add_argument("--matmul-precision", default="auto", choices=["auto", "highest", "medium", "low"],
                    help="eyas's products (medium: bfloat16, on AVX512-BF16 CPUs; auto: medium where it pays); "
                         "every eyas engine alike")
     p.add_argument("--batch-sizes", type=batch_sizes, default="1,16", help="comma-separated, e.g. 1,16")

@@ -30,12 +30,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-prompts", type=int, default=4, help="how many of the prompts to run (one at a time)")
     p.add_argument("--n-ctx", type=int, default=2048)
     p.add_argument("--prompt-lookup", action="store_true", help="LlamaPromptLookupDecoding at its defaults")
+    p.add_argument("--logits-out", help="instead of timing: the logits at every position of the first prompt "
+                   "(logits_all), saved as a float32 .npy [tokens, vocab]")
     args = p.parse_args(argv)
     with open(args.prompts, encoding="utf-8") as f:
         prompts = json.load(f)[: args.num_prompts]
 
     import llama_cpp
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    if args.logits_out:
+        import numpy as np
+
+        llm = llama_cpp.Llama(model_path=args.model, n_ctx=args.n_ctx, n_threads=args.threads,
+                              n_threads_batch=args.threads, logits_all=True, verbose=False)
+        llm.eval(prompts[0])
+        np.save(args.logits_out, np.asarray(llm.scores[:len(prompts[0])], dtype=np.float32))
+        print(json.dumps({"engine": "llama.cpp", "version": llama_cpp.__version__, "tokens": len(prompts[0]),
+                          "system_info": llama_cpp.llama_print_system_info().decode().strip()}), flush=True)
+        return 0
 
     llm = llama_cpp.Llama(model_path=args.model, n_ctx=args.n_ctx, n_threads=args.threads,
                           n_threads_batch=args.threads, verbose=False,

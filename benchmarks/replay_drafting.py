@@ -6,8 +6,8 @@ replayed exactly without the target: each step the real proposer (eyas's ``Ngram
 ``SuffixProposer``, its global tree filled by the earlier requests' outputs) drafts from the committed tokens, the
 scheduler's rule (the request's ``DraftBudget`` and ``allocate_drafts``) picks how many drafts to verify, the
 accepted ones are the drafts' common prefix with the real continuation, and the step costs the engine's row-cost
-curve of its weight format (``CPU_ROW_COSTS``) at 1 + drafts rows. A request's prefill and first token are left
-out on both sides. Printed per workload and proposer:
+curve measured for its weights on this CPU (``eyas/runner/row_cost.py``) at 1 + drafts rows. A request's
+prefill and first token are left out on both sides. Printed per workload and proposer:
 
 * ``adaptive``: tokens per forward (one-row forwards, so plain decoding is 1.00) with eyas's default policy;
 * ``every``: with every draft verified;
@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model folder or .gguf (default: built-in SmolLM2-135M)")
     p.add_argument("--quantization", default="auto", help="the target's weight format, as LLM(quantization=...)")
-    p.add_argument("--matmul-precision", default="auto", choices=["auto", "highest", "medium"],
+    p.add_argument("--matmul-precision", default="auto", choices=["auto", "highest", "medium", "low"],
                    help="the target's products: the outputs replayed and the row-cost curve")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--max-tokens", type=int, default=128)
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
                          "prompt_lookup_max": args.lookup_max},
                "suffix": {}}
     cost = SpeculativeConfig.from_dict({"method": "ngram"} | methods["ngram"]).row_cost(
-        config.device.type, config.quantization, config.matmul_precision)
+        config.device.type, llm.engine.runner.measured_row_cost)
     print(f"row costs ({config.quantization or config.dtype} weights on {config.device.type}): "
           + ", ".join(f"{n}: {cost(n):.2f}" for n in (1, 2, 3, 4, 5, 8, 12, 16)))
     print(f"{'set':<6}{'proposer':<9}{'adaptive':>9}{'every':>8}{'oracle':>8}{'acc len':>9}   tokens per forward")

@@ -20,10 +20,12 @@ def _engine_args(parser: argparse.ArgumentParser, speculative: bool = True) -> N
                         "gets bfloat16 weights on a CPU with native bf16 (bf16), anything else the engine dtype; "
                         "gguf = the GGUF file's own formats (CPU); int8 = per-output-channel int8 made at load (CPU); "
                         "bf16 = bfloat16 weights with float32 activations (CPU); none = the engine dtype")
-    g.add_argument("--matmul-precision", default="auto", choices=["auto", "highest", "medium"],
+    g.add_argument("--matmul-precision", default="auto", choices=["auto", "highest", "medium", "low"],
                    help="products of the CPU weight formats: highest = float32; medium = activations and weights "
                         "rounded to bfloat16, float32 sums (CPUs with AVX512-BF16; faster past a few rows); "
-                        "auto = medium where the CPU's bf16 dot products outrun its float32 FMAs, else highest")
+                        "low = activations quantized to int8 per block of 32, integer dot products (VNNI), as "
+                        "llama.cpp; auto = medium where the CPU's bf16 dot products outrun its float32 FMAs, else "
+                        "highest")
     g.add_argument("--max-model-len", type=int, default=None)
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--max-num-batched-tokens", type=int, default=2048)

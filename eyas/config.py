@@ -205,9 +205,11 @@ class EngineConfig:
         ``torch.set_float32_matmul_precision("medium")`` allows. ``"auto"``: medium where it runs (the weights
         on eyas's kernels, a CPU whose bf16 dot products do at least ``BF16_PRODUCTS_MIN_RATIO`` times the
         multiply-adds of its float32 FMAs, ``eyas.kernels.bf16_mac_ratio``), as vLLM's CPU backend multiplies in
-        bfloat16; highest elsewhere."""
+        bfloat16; highest elsewhere. ``"low"`` (int8 activations per block of 32, integer dot products: q8_gemm.c)
+        only when asked for: on the default model its logits were further from float32 than HF's own bfloat16
+        model's and it ran no faster than "highest" (docs/cpu-weights.md)."""
         from eyas.kernels import bf16_mac_ratio, cpu_flags
-        from eyas.model.quantized import MATMUL_PRECISIONS, kernel_available
+        from eyas.model.quantized import MATMUL_PRECISIONS, dot_products, kernel_available
 
         _require(requested == "auto" or requested in MATMUL_PRECISIONS, f"matmul_precision: {requested!r} is not "
                  f"one of {', '.join(map(repr, ('auto', *MATMUL_PRECISIONS)))}")
@@ -230,6 +232,12 @@ class EngineConfig:
                      f"(avx512_bf16: {'yes' if 'avx512_bf16' in cpu_flags() else 'no'}), eyas's AVX512 kernel build "
                      "(EYAS_CPU_ISA unset or avx512) and a C compiler; use 'highest'")
             return "medium", "bfloat16 products, float32 sums (asked for)"
+        if requested == "low":
+            _require(quantization is not None, "matmul_precision: 'low' applies to eyas's CPU kernels, and these "
+                     "weights run in the engine dtype (quantization None); use quantization 'gguf' or 'int8'")
+            _require(kernel_available("low"), "matmul_precision: 'low' needs a C compiler for eyas's integer "
+                     "kernel (eyas/kernels/q8_gemm.c); use 'highest'")
+            return "low", f"int8 activations per block of 32, integer dot products ({dot_products()}) (asked for)"
         return "highest", "float32 products (asked for)"
 
     @staticmethod

@@ -49,9 +49,11 @@ class LLM:
     formats keep activations in float32 between products. The choice is logged. ``matmul_precision``:
     ``"highest"`` (float32 products) or ``"medium"``: the quantized formats' products round activations and
     weights to bfloat16 and sum in float32 (AVX512-BF16 CPUs; about 1.6x faster past a few rows, outputs within
-    bf16 rounding), as ``torch.set_float32_matmul_precision("medium")`` allows; ``"auto"`` (default): medium
-    where the CPU's bf16 dot products outrun its float32 FMAs (as vLLM's CPU backend multiplies in bfloat16),
-    else highest. Logged beside the weights.
+    bf16 rounding), as ``torch.set_float32_matmul_precision("medium")`` allows; ``"low"``: activations quantized
+    to int8 per block of 32 and integer dot products on the weights' own integers (llama.cpp's arithmetic; F16 /
+    BF16 weights keep float32 products), see docs/cpu-weights.md; ``"auto"`` (default): medium where the CPU's
+    bf16 dot products outrun its float32 FMAs (as vLLM's CPU backend multiplies in bfloat16), else highest; never
+    low (measured less accurate and no faster, docs/cpu-weights.md). Logged beside the weights.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, dtype: str | torch.dtype = "auto",

@@ -20,8 +20,6 @@ from eyas.config import BF16_PRODUCTS_MIN_RATIO, EngineConfig, ModelConfig
 from eyas.model import quantized as Q
 from eyas.model.gguf import convert_gguf
 from eyas.model.loader import load_model
-from eyas.spec.adaptive import RowCost
-from eyas.spec.config import CPU_ROW_COSTS
 
 pytestmark = pytest.mark.skipif(not Q.kernel_available(), reason="no C compiler: the quantized kernel cannot be built")
 
@@ -244,8 +242,8 @@ def test_an_hf_folder_gets_bf16_weights_only_where_the_cpu_has_native_bf16(tmp_p
 def test_matmul_precision_medium_is_refused_where_it_cannot_run_and_auto_takes_highest_there(monkeypatch):
     from eyas import kernels
 
-    with pytest.raises(ValueError, match="matmul_precision: 'low' is not one of 'auto', 'highest', 'medium'"):
-        EngineConfig.resolve_matmul_precision("low", "gguf")
+    with pytest.raises(ValueError, match="matmul_precision: 'lowest' is not one of 'auto', 'highest', 'medium', 'low'"):
+        EngineConfig.resolve_matmul_precision("lowest", "gguf")
     with pytest.raises(ValueError, match=r"'medium' applies to eyas's CPU kernels, .*\(quantization None\)"):
         EngineConfig.resolve_matmul_precision("medium", None)
     assert EngineConfig.resolve_matmul_precision("highest", None)[0] == "highest"
@@ -300,7 +298,7 @@ def test_without_a_compiler_auto_falls_back_and_gguf_is_refused(tmp_path, monkey
             EngineConfig.resolve_matmul_precision("medium", "gguf")
 
 
-@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("precision", [*PRECISIONS, "low"])
 def test_generation_in_gguf_mode_is_greedy_identical_with_speculation(tmp_path, precision):
     path = write_quantized_gguf(tmp_path / "q.gguf")
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -328,20 +326,3 @@ def test_serving_a_converted_gguf_needs_neither_the_gguf_package_nor_a_tokenizer
     assert out.split() == ["False", "False"]  # (test_structured_output covers the compiler once asked for)
 
 
-@pytest.mark.parametrize("mode,precision", [("gguf", "highest"), ("int8", "highest"), ("bf16", "highest"),
-                                            (None, "highest"), pytest.param("gguf", "medium", marks=NEEDS_MEDIUM)])
-def test_the_cost_model_prices_a_row_by_the_weight_format(tmp_path, mode, precision):
-    # eyas's bf16 / int8 / GGUF kernels spend arithmetic on every row, float32 rows mostly share one read of the
-    # weights: the scheduler's default row cost follows the format the engine runs and its products, and an
-    # explicit one wins.
-    path = write_quantized_gguf(tmp_path / "q.gguf")
-    spec = {"method": "ngram", "num_speculative_tokens": 3}
-    common = dict(quantization=mode, kv_cache_gb=0.05, max_model_len=256, matmul_precision=precision)
-    llm = LLM(str(path), **common, speculative_config=spec)
-    cost = llm.engine.scheduler.draft_row_cost
-    assert cost == CPU_ROW_COSTS[mode, precision]
-    sixteen = {("gguf", "highest"): 3.43, ("int8", "highest"): 3.63, ("bf16", "highest"): 2.47,
-               (None, "highest"): 2.07, ("gguf", "medium"): 2.23}
-    assert cost(1) == 1.0 and cost(16) == sixteen[mode, precision]
-    told = LLM(str(path), **common, speculative_config={**spec, "draft_row_cost": 0.5})
-    assert told.engine.scheduler.draft_row_cost == RowCost.linear(0.5)

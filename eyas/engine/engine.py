@@ -45,7 +45,7 @@ class Engine:
         self.kv = KVCacheManager(groups, num_blocks, block_size, config.cache.enable_prefix_caching)
         spec = config.speculative
         device = config.device.type
-        costs = (spec.row_cost(device, config.quantization, config.matmul_precision),
+        costs = (spec.row_cost(device, self.runner.measured_row_cost),
                  spec.step_cost(device, self.runner.proposer)) if spec else ()
         self.scheduler = Scheduler(config.scheduler, self.kv, spec, *costs)
         self.outputs = OutputProcessor(tokenizer)

@@ -10,8 +10,8 @@ the log; callers then take a pure-PyTorch path.
 A kernel written for several instruction sets (``quant_gemm.c``) is instead built once per
 instruction set, with explicit flags, and the build for the best set this CPU has is loaded
 (``cpu_isa``); ``EYAS_CPU_ISA=avx512|avx2|portable`` forces one the CPU supports (tests use it).
-Such a kernel may also have arithmetic variants (``VARIANTS``): a separate build of the same source with
-a macro and the instructions it needs, e.g. ``quant_gemm.c``'s bfloat16 products.
+Such a kernel may also have variants (``VARIANTS``): a separate build of the same source with a macro and
+the instructions it needs, e.g. ``quant_gemm.c``'s bfloat16 products or ``q8_gemm.c``'s VNNI dot products.
 """
 
 from __future__ import annotations
@@ -41,9 +41,13 @@ ISA_BUILDS = {
     "avx2": (("avx2", "fma", "f16c"), ["-mavx2", "-mfma", "-mf16c"]),
     "portable": ((), []),
 }
-# arithmetic variant -> (the instruction set it builds on, the /proc/cpuinfo flags it needs besides, compiler flags)
+# variant -> (the kernel it builds, the instruction set it builds on, the /proc/cpuinfo flags it needs besides,
+# compiler flags). quant_gemm.c's is an arithmetic variant (another matmul precision); q8_gemm.c's are the same
+# arithmetic with the integer dot-product instructions (vpdpbusd), which the engine takes wherever they run.
 VARIANTS = {
-    "bf16_products": ("avx512", ("avx512_bf16",), ["-mavx512bf16", "-DEYAS_BF16_PRODUCTS"]),
+    "bf16_products": ("quant_gemm", "avx512", ("avx512_bf16",), ["-mavx512bf16", "-DEYAS_BF16_PRODUCTS"]),
+    "vnni512": ("q8_gemm", "avx512", ("avx512_vnni",), ["-mavx512vnni", "-DEYAS_VNNI512"]),
+    "vnni256": ("q8_gemm", "avx2", ("avx_vnni",), ["-mavxvnni", "-DEYAS_VNNI256"]),
 }
 
 
@@ -109,8 +113,13 @@ def _build(source: Path, cc: str, flags: list[str]) -> Path | None:
 
 def variant_supported(variant: str) -> bool:
     """Whether this CPU runs the variant's build (its instruction set is ``cpu_isa()`` and its flags are there)."""
-    isa, needs, _ = VARIANTS[variant]
+    _, isa, needs, _ = VARIANTS[variant]
     return cpu_isa() == isa and all(f in cpu_flags() for f in needs)
+
+
+def dot_variant(name: str) -> str | None:
+    """The integer dot-product variant of kernel ``name`` that runs here (``vnni512``, ``vnni256``), or None."""
+    return next((v for v, (kernel, *_) in VARIANTS.items() if kernel == name and variant_supported(v)), None)
 
 
 def _compiler() -> tuple[str | None, list[str]]:
@@ -121,8 +130,8 @@ def _compiler() -> tuple[str | None, list[str]]:
 
 def _library(name: str, cc: str, isa: str | None, variant: str | None) -> Path | None:
     """The built library of ``load``'s arguments, built now if the cache lacks it; None if no build succeeds."""
-    extra = [] if variant is None else VARIANTS[variant][2]
-    assert variant is None or VARIANTS[variant][0] == isa, (variant, isa)
+    extra = [] if variant is None else VARIANTS[variant][3]
+    assert variant is None or VARIANTS[variant][:2] == (name, isa), (name, variant, isa)
     flag_sets = _FLAG_SETS if isa is None else [["-O3", *ISA_BUILDS[isa][1], *extra, "-fopenmp"]]
     return next((path for flags in flag_sets if (path := _build(_SOURCES / f"{name}.c", cc, flags))), None)
 
@@ -148,14 +157,15 @@ def load(name: str, isa: str | None = None, variant: str | None = None) -> ctype
     return None
 
 
-PER_ISA = ("quant_gemm",)  # the kernels loaded per instruction set (``cpu_isa``); the others are built -march=native
+PER_ISA = ("quant_gemm", "q8_gemm")  # the kernels loaded per instruction set (``cpu_isa``); the others: -march=native
 
 
 def engine_builds() -> list[tuple[str, str | None, str | None]]:
     """``load``'s arguments for every kernel an engine on this CPU may load, the slowest builds first."""
     isa = cpu_isa()
-    per_isa = [(name, isa, variant) for name in PER_ISA
-               for variant in (None, *(v for v in VARIANTS if variant_supported(v)))]
+    per_isa = [("quant_gemm", isa, variant) for variant in (None, *(v for v in VARIANTS if VARIANTS[v][0] == "quant_gemm"
+                                                                    and variant_supported(v)))]
+    per_isa.append(("q8_gemm", isa, dot_variant("q8_gemm")))
     return per_isa + [(path.stem, None, None) for path in sorted(_SOURCES.glob("*.c")) if path.stem not in PER_ISA]
 
 

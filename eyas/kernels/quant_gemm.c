@@ -45,12 +45,12 @@
 #if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
+#include "gguf_blocks.h"
 
 #if defined(EYAS_BF16_PRODUCTS) && !defined(__AVX512BF16__)
 #error "EYAS_BF16_PRODUCTS needs -mavx512bf16"
 #endif
 
-enum { F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30, I8_ROW = 1000 };
 
 #if defined(__AVX512F__)
 #define TILE_N 4
@@ -69,7 +69,6 @@ typedef float v8f __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 typedef int32_t v8i __attribute__((vector_size(32)));
-typedef uint8_t v16u8 __attribute__((vector_size(16)));
 typedef int8_t v16i8 __attribute__((vector_size(16)));
 
 /* A 16-lane vector from two 8-lane halves, through memory of the same widths (a 32-byte store then a 32-byte
@@ -84,11 +83,6 @@ static inline v16f cat8(v8f lo, v8f hi) {
 
 static inline v16f load16(const float *p) {
     v16f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-static inline v16u8 bytes16(const uint8_t *p) {
-    v16u8 v;
     memcpy(&v, p, sizeof v);
     return v;
 }
@@ -142,32 +136,6 @@ static inline v16f i8_to_f(const uint8_t *p) {
     return i32_to_f(i8_to_i32(q));
 }
 
-static inline float half_to_float(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    } else if (man == 0) {
-        bits = sign;
-    } else { /* subnormal half: normalise */
-        exp = 113;
-        while (!(man & 0x400)) {
-            man <<= 1;
-            exp--;
-        }
-        bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-#endif
-}
 
 /* 16 float16 / bfloat16 values -> 16 floats */
 static inline v16f f16_to_f(const uint8_t *p) {
@@ -237,42 +205,10 @@ static inline float lane_sum(v16f v) {
     return half_sum(lo + hi);
 }
 
-/* bytes of one row of K weights */
-static int64_t row_bytes(int type, int64_t k) {
-    switch (type) {
-    case F16: case BF16: return 2 * k;
-    case Q4_0: return k / 32 * 18;
-    case Q4_1: return k / 32 * 20;
-    case Q8_0: return k / 32 * 34;
-    case Q4_K: return k / 256 * 144;
-    case Q5_K: return k / 256 * 176;
-    case Q6_K: return k / 256 * 210;
-    case I8_ROW: return k;
-    default: return -1;
-    }
-}
-
-static int block_size(int type) {
-    switch (type) {
-    case Q4_K: case Q5_K: case Q6_K: return 256;
-    case F16: case BF16: case I8_ROW: case Q4_0: case Q4_1: case Q8_0: return 32;
-    default: return 0;
-    }
-}
 
 /* whether the format has a per-sub-block offset (w = s * q + o with o != 0) */
 static inline int has_offset(int type) { return type == Q4_1 || type == Q4_K || type == Q5_K; }
 
-/* Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes */
-static inline void k_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *mn = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
 
 /* One decoded sub-block: weights [16 * h + i] = s[h] * q[h][i] + o. For F16/BF16/I8_ROW q holds the
    weights (or the int8 values) and s is unused. */
@@ -770,13 +706,7 @@ static inline __attribute__((always_inline)) void panel(const int type, int64_t 
     }
 GEMM_FOR(F16)
 GEMM_FOR(BF16)
-GEMM_FOR(I8_ROW)
-GEMM_FOR(Q4_0)
-GEMM_FOR(Q4_1)
-GEMM_FOR(Q8_0)
-GEMM_FOR(Q4_K)
-GEMM_FOR(Q5_K)
-GEMM_FOR(Q6_K)
+INTEGER_FORMATS(GEMM_FOR)
 
 #define SMALL_X 16384 /* bfloat16 activations converted on the stack (32 KiB): up to 8 rows of K = 2048 */
 

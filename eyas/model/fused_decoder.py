@@ -59,8 +59,8 @@ def _linear_words(linear) -> list[int] | None:
     if not isinstance(linear, QuantLinear) or linear.bias is not None or len(linear.parts) > _PARTS_MAX:
         return None
     words = []
-    for (w_ptr, type_id, scale_ptr, _, n) in linear.calls:
-        words += [_address(linear.gemm), w_ptr, type_id, scale_ptr or 0, n]
+    for (gemm, w_ptr, type_id, scale_ptr, _, n) in linear.calls:
+        words += [_address(gemm), w_ptr, type_id, scale_ptr or 0, n]
     return words + [0] * (_PARTS_MAX * _PART_WORDS - len(words))
 
 

@@ -10,10 +10,13 @@ The products run in ``eyas/kernels/quant_gemm.c``, built for the best instructio
 (``eyas.kernels.cpu_isa``): every output is summed in one fixed order, so a row's result does not
 depend on the batch, the thread count or the instruction set.
 
-Matmul precision (``MATMUL_PRECISIONS``, PyTorch's names for its float32 matmuls): ``"highest"``
-multiplies the float32 activations by the weights' float32 values; ``"medium"`` rounds both to
-bfloat16 and sums the products in float32 with AVX512-BF16 dot products (half the instructions), on
-CPUs that have them. A row's result still does not depend on the batch or the thread count.
+Matmul precision (``MATMUL_PRECISIONS``, an ordered ladder that starts from PyTorch's names for its float32
+matmuls): ``"highest"`` multiplies the float32 activations by the weights' float32 values; ``"medium"`` rounds
+both to bfloat16 and sums the products in float32 with AVX512-BF16 dot products (half the instructions), on
+CPUs that have them; ``"low"`` quantizes the activations to int8 per block of 32 and multiplies them by the
+weights' own block integers with integer dot products (``eyas/kernels/q8_gemm.c``: VNNI where the CPU has it),
+as llama.cpp does; F16 and BF16 weights, which hold no integers, stay on float32 products there. In every mode
+a row's result does not depend on the batch or the thread count.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ FORMATS = {f.name: f for f in (
     Format("I8_ROW", 1000, 1, 1),
 )}
 KERNEL_ALIGN = 32  # rows are decoded 32 weights at a time
-MATMUL_PRECISIONS = {"highest": None, "medium": "bf16_products"}  # -> the kernel's arithmetic variant
+MATMUL_PRECISIONS = {"highest": None, "medium": "bf16_products", "low": None}  # -> quant_gemm.c's variant
+INTEGER_FORMATS = frozenset({"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "I8_ROW"})  # q8_gemm.c's ("low")
 
 
 @dataclass
@@ -120,14 +124,36 @@ def _kernel(isa: str, variant: str | None = None) -> tuple[ctypes._CFuncPtr, cty
     return None if gemm is None else (gemm, rows)
 
 
+@functools.cache
+def q8_kernel(isa: str, variant: str | None = None) -> ctypes._CFuncPtr | None:
+    """q8_gemm.c's product (matmul precision "low") built for ``isa`` (and a ``vnni*`` variant), or None."""
+    from eyas import kernels
+
+    ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    return kernels.entry("q8_gemm", ptr, i64, ptr, i32, ptr, ptr, i64, i64, i64, i64, i32, isa=isa, variant=variant)
+
+
 def _find(precision: str):
-    """The kernel's (gemm, rows) entries at this matmul precision, or None where they do not run here."""
-    from eyas.kernels import cpu_isa, variant_supported
+    """The kernel's (gemm, rows) entries at this matmul precision, or None where they do not run here; "low"'s
+    gemm is q8_gemm.c's, for the formats of ``INTEGER_FORMATS``."""
+    from eyas.kernels import cpu_isa, dot_variant, variant_supported
 
     variant = MATMUL_PRECISIONS[precision]
     if variant is not None and not variant_supported(variant):
         return None
-    return _kernel(cpu_isa(), variant)
+    found = _kernel(cpu_isa(), variant)
+    if precision != "low" or found is None:
+        return found
+    q8 = q8_kernel(cpu_isa(), dot_variant("q8_gemm"))
+    return None if q8 is None else (q8, found[1])
+
+
+def dot_products() -> str:
+    """How q8_gemm.c's build for this CPU computes its integer dot products, in words (for logs and reports)."""
+    from eyas.kernels import cpu_isa, dot_variant
+
+    return {"vnni512": "AVX512-VNNI vpdpbusd", "vnni256": "AVX-VNNI vpdpbusd"}.get(
+        dot_variant("q8_gemm"), {"avx512": "AVX2 vpmaddubsw", "avx2": "AVX2 vpmaddubsw"}.get(cpu_isa(), "portable C"))
 
 
 def kernel_available(precision: str = "highest") -> bool:
@@ -177,15 +203,7 @@ class QuantLinear(nn.Module):
         self.in_features = parts[0].in_features
         self.out_features = sum(p.out_features for p in parts)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
-        # the kernel call of each part, resolved once: a decode step makes over a hundred of them. Public for
-        # eyas.model.fused_decoder, which makes the same calls from C: (weight address, type id, row-scale
-        # address or None, first output column, output rows) per part
-        self.gemm = _entries()[0]
-        self.calls, column = [], 0
-        for p in parts:
-            assert p.data.is_contiguous()
-            self.calls.append((p.data.data_ptr(), p.fmt.type_id, _ptr(p.scale), column, p.out_features))
-            column += p.out_features
+        self.set_matmul_precision("highest")
 
     @classmethod
     def stacked(cls, parts: list[QuantWeight], bias: torch.Tensor | None = None,
@@ -201,8 +219,19 @@ class QuantLinear(nn.Module):
         return cls([QuantWeight.cat(run, arena) for run in runs], bias)
 
     def set_matmul_precision(self, precision: str) -> None:
-        """Multiply at this precision (a key of ``MATMUL_PRECISIONS``) from now on."""
-        self.gemm = _entries(precision)[0]
+        """Multiply at this precision (a key of ``MATMUL_PRECISIONS``) from now on.
+
+        The kernel call of each part is resolved here once: a decode step makes over a hundred of them. Public
+        for eyas.model.fused_decoder, which makes the same calls from C: (entry point, weight address, type id,
+        row-scale address or None, first output column, output rows) per part."""
+        gemm = _entries(precision)[0]
+        float_gemm = _entries()[0] if precision == "low" else gemm  # F16 / BF16: no integers to multiply
+        self.calls, column = [], 0
+        for p in self.parts:
+            assert p.data.is_contiguous()
+            fn = gemm if p.fmt.name in INTEGER_FORMATS else float_gemm
+            self.calls.append((fn, p.data.data_ptr(), p.fmt.type_id, _ptr(p.scale), column, p.out_features))
+            column += p.out_features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         plain = x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()
@@ -212,9 +241,8 @@ class QuantLinear(nn.Module):
             raise ValueError(f"QuantLinear: input has {k} features, expected {self.in_features}")
         out = torch.empty(rows, self.out_features, dtype=torch.float32)  # [M, N]
         x_ptr, out_ptr, threads = x2.data_ptr(), out.data_ptr(), torch.get_num_threads()
-        for w_ptr, type_id, scale_ptr, column, n in self.calls:
-            if self.gemm(x_ptr, k, w_ptr, type_id, scale_ptr, out_ptr + 4 * column, self.out_features, rows, n, k,
-                          threads):
+        for gemm, w_ptr, type_id, scale_ptr, column, n in self.calls:
+            if gemm(x_ptr, k, w_ptr, type_id, scale_ptr, out_ptr + 4 * column, self.out_features, rows, n, k, threads):
                 raise RuntimeError(f"quant_gemm failed on {self.extra_repr()}")
         if self.bias is not None:
             out += self.bias

@@ -34,11 +34,13 @@ from eyas.model.cuda_graphs import engine_graphs
 from eyas.model.layout_forward import LayoutForward
 from eyas.model.llama import ModelOutput
 from eyas.model.loader import load_model
+from eyas.runner.row_cost import measured_row_cost
 from eyas.sampling.grammar_masks import GrammarMasks, GrammarTimings, MaskFiller, PendingMasks
 from eyas.sampling.penalties import penalize
 from eyas.sampling.rejection import VerifyResult, greedy_verify, rejection_sample, shared_noise_verify
 from eyas.sampling.row_ops import argmax
 from eyas.sampling.sampler import Sampler, SamplingBatch, raw_logprobs
+from eyas.spec.adaptive import RowCost
 from eyas.spec.grammar_drafts import grammar_drafts
 from eyas.spec.proposer import ProposerInput, ProposerOutput
 from eyas.spec.registry import make_proposer
@@ -72,6 +74,12 @@ class ModelRunner:
         self.target = LayoutForward(self.model, self.backend, engine_graphs(config, self.backend), 0, self.block_size,
                                     config.max_blocks_per_request, self.device)
         self.masks = MaskFiller(config.model.vocab_size)
+
+    def measured_row_cost(self) -> RowCost:
+        """This CPU's row-cost curve for the target's products, from its record in the cache folder (measured and
+        recorded the first time: eyas/runner/row_cost.py)."""
+        return measured_row_cost(self.model, self.config.quantization, self.config.matmul_precision,
+                                 torch.get_num_threads())
 
     @property
     def grammar_timings(self) -> GrammarTimings:

@@ -33,34 +33,32 @@ drafter drafted in about 30% of batch-1 steps and ran 5-15% slower than with eve
 Now it drafts in about 78% as many steps as with every draft verified, and runs level with it (16
 prompts, 4 interleaved repeats, 2 threads: 1.05x plain against 1.05x).
 
-Per batch (``allocate_drafts``): a forward of n rows costs ``cost(n)`` (``RowCost``: on a CPU the weight
-format's measured curve, ``CPU_ROW_COSTS``; a user's ``SpeculativeConfig.draft_row_cost`` c makes it the
-line ``1 + c * n``), plus s when it verifies any draft the drafter made (s = the drafter's step cost,
-``SpeculativeConfig.draft_step_cost``: what a drafter that leaves out the requests told 0 spends on a
-step it drafts in; 0 for cheap proposers), and a step emits E tokens, one per sampling request plus
-the expected accepted drafts. Drafts are ranked best first, and the step verifies the prefix of that
-ranking with the highest E / cost (the longer on a tie; s counts once the prefix holds a draft the
-drafter made, so its drafts are kept only if they beat the step without them). On a line a draft worth g
-tokens raises E / cost iff ``g * (1 + c * n + s) >= c * E``, and the best prefix is where that first
-fails. The measured CPU curves bend the other way at a register tile's edge: on the GGUF curve a 5th row
-costs 0.60 of a forward where the 4th cost 0.12. One request at acceptance 0.95 offering 8 drafts: the
-4th, worth 0.81, does not cover that jump (0.81 * 1.47 < 3.71 * 0.60), so a rule that stops at the first
-draft that does not pay verifies 3 (3.71 tokens for 1.47, 2.52 a forward), where all 8 give 7.40 tokens
-for 2.70 (2.74); at 0.90, 3 is best (2.34 against 2.27). Replaying bench_spec's batch-1 workloads
-exactly on that curve (``benchmarks/replay_drafting.py``: the plain outputs fixed, each step's drafts and
-acceptance recomputed), the best prefix emitted 4.4-4.5% more tokens per forward on copy prompts (n-gram
-and suffix) and 2% more for suffix decoding on code, and left chat level. With c = s = 0 (CUDA, where a few more rows cost nothing)
-every offered draft is verified. Examples on the line (c = 0.05,
-s = 0): one request with acceptance 0.85 verifies all 8 drafts (the 8th is worth 0.27 >= 0.17),
-while 8 requests with acceptance 0.5 verify one draft each (the first is worth 0.5 >= 0.29; then a
-second, worth 0.25, falls short of 0.33). With c = 0.07 and s = 0.35 (k = 1) one request at acceptance
-0.5 drafts (1.5 tokens for 1.49 beat 1 for 1.07), at 0.36 it does not (1.36 / 1.49 < 1 / 1.07); 14
-requests at 0.5 would take a draft each, but 21 tokens for 3.31 fall short of 14 for 1.98, so none
-drafts. On the GGUF curve with the hidden-state drafters' s = 0.15, one request drafts one token from an
-acceptance of 0.27 (1.27 tokens for 1.12 + 0.15), where the line fitted to the same curve (c = 0.25)
-wanted 0.48 with s = 0.35. Leading drafts forced
-by the request's grammar (``eyas.sampling.grammar``) are certain, worth 1 each, and need no drafter
-(no s); the drafts after them are worth a, a^2, ...
+Per batch (``allocate_drafts``): a forward of n rows costs ``cost(n)`` (``RowCost``: on a CPU the curve
+measured for the target's products on this machine, ``eyas/runner/row_cost.py``; a user's
+``SpeculativeConfig.draft_row_cost`` c makes it the line ``1 + c * n``), plus s when it verifies any draft the
+drafter made (s = the drafter's step cost, ``SpeculativeConfig.draft_step_cost``: what a drafter that leaves
+out the requests told 0 spends on a step it drafts in; 0 for cheap proposers), and a step emits E tokens, one
+per sampling request plus the expected accepted drafts. Drafts are ranked best first, and the step verifies
+the prefix of that ranking with the highest E / cost (the longer on a tie; s counts once the prefix holds a
+draft the drafter made, so its drafts are kept only if they beat the step without them). On a line a draft
+worth g tokens raises E / cost iff ``g * (1 + c * n + s) >= c * E``, and the best prefix is where that first
+fails. The measured CPU curves bend the other way at a register tile's edge: on the GGUF curve a 5th row costs
+0.60 of a forward where the 4th cost 0.12. One request at acceptance 0.95 offering 8 drafts: the 4th, worth
+0.81, does not cover that jump (0.81 * 1.47 < 3.71 * 0.60), so a rule that stops at the first draft that does
+not pay verifies 3 (3.71 tokens for 1.47, 2.52 a forward), where all 8 give 7.40 tokens for 2.70 (2.74); at
+0.90, 3 is best (2.34 against 2.27). Replaying bench_spec's batch-1 workloads exactly on that curve
+(``benchmarks/replay_drafting.py``: the plain outputs fixed, each step's drafts and acceptance recomputed),
+the best prefix emitted 4.4-4.5% more tokens per forward on copy prompts (n-gram and suffix) and 2% more for
+suffix decoding on code, and left chat level. With c = s = 0 (CUDA, where a few more rows cost nothing) every
+offered draft is verified. Examples on the line (c = 0.05, s = 0): one request with acceptance 0.85 verifies
+all 8 drafts (the 8th is worth 0.27 >= 0.17), while 8 requests with acceptance 0.5 verify one draft each (the
+first is worth 0.5 >= 0.29; then a second, worth 0.25, falls short of 0.33). With c = 0.07 and s = 0.35 (k =
+1) one request at acceptance 0.5 drafts (1.5 tokens for 1.49 beat 1 for 1.07), at 0.36 it does not (1.36 /
+1.49 < 1 / 1.07); 14 requests at 0.5 would take a draft each, but 21 tokens for 3.31 fall short of 14 for
+1.98, so none drafts. On the GGUF curve with the hidden-state drafters' s = 0.15, one request drafts one token
+from an acceptance of 0.27 (1.27 tokens for 1.12 + 0.15), where the line fitted to the same curve (c = 0.25)
+wanted 0.48 with s = 0.35. Leading drafts forced by the request's grammar (``eyas.sampling.grammar``) are
+certain, worth 1 each, and need no drafter (no s); the drafts after them are worth a, a^2, ...
 
 **Retrying.** A request the cost model gives no drafts verifies nothing, so its budget learns
 nothing; the fade lets its estimate drift toward the prior, and it is verified again as soon as its
@@ -156,7 +154,7 @@ class RowCost:
     """What a target forward of n rows costs: measured ``(rows, cost)`` points in one-row forwards, read along
     straight lines between them and along the last segment past the last one. ``linear(c)`` is ``1 + c * n``.
 
-    Example (the GGUF kernels, ``CPU_ROW_COSTS["gguf", "highest"]``): (1, 1.00), (2, 1.10), (3, 1.22), (4, 1.38), (5, 1.76)
+    Example (the GGUF kernels at "highest", AMD Zen 4, 2 threads): (1, 1.00), (2, 1.10), (3, 1.22), (4, 1.38), (5, 1.76)
     ...: up to 4 rows share a register tile, so a 2-row verification costs 1.10 forwards, not the 1.16 of the
     straight line fitted over 1..16 rows (c = 0.19), and a 5th row costs 0.38."""
 

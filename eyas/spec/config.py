@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import cached_property
 
@@ -11,25 +12,6 @@ from eyas.spec.options import MethodOptions
 from eyas.spec.registry import PROPOSERS, WRAPPERS, proposer_class, wrapper_class
 
 VERIFICATION_MODES = ("rejection", "shared_noise")
-# A CPU forward of n rows, in one-row forwards, by the target's weight format and matmul precision: (rows, cost)
-# points measured by benchmarks/bench_row_cost.py (one request, n new rows on a cached 192-token prefix,
-# SmolLM2-135M, AMD Zen 4, 2 threads; the median of three runs, 2026-11-27). Float32 weights are read from memory
-# once whatever the rows, so a row adds little (16 rows: 2.07x a one-row forward); eyas's bf16, int8 and GGUF
-# kernels read fewer bytes and decode every weight in registers, multiplying it into each row, so rows cost their
-# arithmetic (16 rows at "highest", float32 products: 2.47x, 3.63x, 3.43x). Up to 4 rows share one register tile;
-# past it the first 4 rows' pass keeps the decoded tile in memory for the others, the step between 4 and 5 rows
-# (before that pass kept it, when the tile was decoded into memory first: GGUF 2.07 at 5 rows, 4.11 at 16). "medium"
-# (bfloat16 products, half the instructions) makes rows cheaper. (Intel Sapphire Rapids, GGUF, float32 products,
-# the older kernel: 1.09, 1.22, 1.30 for 2-4 rows, 1.89 for 5, 3.24 for 16.)
-_ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
-CPU_ROW_COSTS = {key: RowCost(tuple(zip(_ROWS, costs))) for key, costs in {  # (quantization, matmul precision)
-    (None, "highest"): (1.00, 1.01, 1.04, 1.07, 1.12, 1.20, 1.36, 1.52, 1.71, 2.07),
-    ("bf16", "highest"): (1.00, 1.05, 1.05, 1.19, 1.54, 1.58, 1.70, 1.91, 2.23, 2.47),
-    ("int8", "highest"): (1.00, 1.06, 1.22, 1.29, 1.79, 1.85, 2.22, 2.59, 2.91, 3.63),
-    ("gguf", "highest"): (1.00, 1.10, 1.22, 1.38, 1.76, 1.87, 2.15, 2.49, 2.76, 3.43),
-    ("bf16", "medium"): (1.00, 1.06, 1.07, 1.12, 1.32, 1.44, 1.61, 1.68, 1.82, 2.06),
-    ("int8", "medium"): (1.00, 1.09, 1.15, 1.24, 1.62, 1.68, 1.86, 2.17, 2.30, 2.80),
-    ("gguf", "medium"): (1.00, 1.06, 1.13, 1.25, 1.38, 1.47, 1.54, 1.74, 1.89, 2.23)}.items()}
 
 
 @dataclass(frozen=True)
@@ -54,7 +36,7 @@ class SpeculativeConfig:
     adaptive_draft_length: bool = True
     # what one more row of a forward costs, as a fraction of a one-row forward (spec/adaptive.py): a forward of
     # n rows costs 1 + c * n, and drafts are verified only while their expected tokens cover their rows.
-    # None = the weight format's measured curve on a CPU (CPU_ROW_COSTS), and 0 on CUDA, where a few more rows
+    # None = this CPU's measured curve for the target's products (eyas/runner/row_cost.py), and 0 on CUDA, where a few more rows
     # cost next to nothing (every draft is verified)
     draft_row_cost: float | None = None
     # what drafting costs in a step in which some request drafts, as a fraction of a one-row forward, for a
@@ -72,12 +54,12 @@ class SpeculativeConfig:
         return max([self.num_speculative_tokens, *(options.max_drafts(self.num_speculative_tokens)
                                                    for _, options in self.wrappers)])
 
-    def row_cost(self, device_type: str, quantization: str | None, matmul_precision: str = "highest") -> RowCost:
-        """``draft_row_cost``'s line, else the cost for the device and the target's weight format and products
-        (``EngineConfig.quantization``, ``EngineConfig.matmul_precision``)."""
+    def row_cost(self, device_type: str, measured: Callable[[], RowCost]) -> RowCost:
+        """``draft_row_cost``'s line, else on a CPU the curve measured for the target (``measured()``, called only
+        then: eyas/runner/row_cost.py), else FREE_ROWS."""
         if self.draft_row_cost is not None:
             return RowCost.linear(self.draft_row_cost)
-        return CPU_ROW_COSTS[(quantization, matmul_precision)] if device_type == "cpu" else FREE_ROWS
+        return measured() if device_type == "cpu" else FREE_ROWS
 
     def step_cost(self, device_type: str, proposer) -> float:
         return self.draft_step_cost if self.draft_step_cost is not None else proposer.step_cost(device_type)

@@ -1,0 +1,68 @@
+"""The row-cost curve adaptive drafting prices drafts with (``eyas/runner/row_cost.py``): measured once per CPU,
+weight format, matmul precision and threads, kept in the cache folder, read afterwards; a changed record changes
+how many drafts are verified; an explicit ``draft_row_cost`` wins without measuring."""
+
+import json
+
+import pytest
+from test_gguf_quantized import write_quantized_gguf
+
+from eyas import LLM
+from eyas.model import quantized as Q
+from eyas.runner import row_cost
+from eyas.spec.adaptive import RowCost, allocate_drafts
+
+pytestmark = pytest.mark.skipif(not Q.kernel_available(), reason="no C compiler: the quantized kernel cannot be built")
+
+SPEC = {"method": "ngram", "num_speculative_tokens": 4}
+
+
+@pytest.fixture
+def records(tmp_path, monkeypatch):
+    """The records' folder, empty, under tmp_path (the kernels' cache is left where it is)."""
+    monkeypatch.setattr(row_cost, "cache_dir", lambda: tmp_path / "cache")
+    return tmp_path / "cache" / "row-costs"
+
+
+def _llm(path, precision="highest", **spec):
+    return LLM(str(path), quantization="gguf", matmul_precision=precision, kv_cache_gb=0.05, max_model_len=256,
+               num_threads=1, speculative_config={**SPEC, **spec})
+
+
+def test_the_curve_is_measured_once_then_read(tmp_path, records, monkeypatch):
+    path = write_quantized_gguf(tmp_path / "q.gguf")
+    first = _llm(path).engine.scheduler.drafts.row_cost
+    [record] = records.glob("*.json")
+    saved = json.loads(record.read_text())
+    assert saved["rows"] == list(row_cost.ROWS) and saved["costs"][0] == 1.0
+    assert saved["costs"] == sorted(saved["costs"])  # a row never costs less than none
+    assert first == RowCost(tuple(zip(saved["rows"], saved["costs"])))
+
+    def no_measuring(*_):
+        raise AssertionError("measured again")
+    monkeypatch.setattr(row_cost, "measure", no_measuring)
+    assert _llm(path).engine.scheduler.drafts.row_cost == first  # read, not measured
+    assert _llm(path, draft_row_cost=0.5).engine.scheduler.drafts.row_cost == RowCost.linear(0.5)
+    if Q.kernel_available("low"):  # another matmul precision is another record
+        monkeypatch.undo()
+        monkeypatch.setattr(row_cost, "cache_dir", lambda: tmp_path / "cache")
+        _llm(path, "low")
+        assert len(list(records.glob("*.json"))) == 2
+
+
+def test_a_changed_record_changes_the_decision(tmp_path, records):
+    """The same request and acceptance: on a flat recorded curve all 4 drafts are verified, on a steep one none."""
+    path = write_quantized_gguf(tmp_path / "q.gguf")
+    _llm(path)
+    [record] = records.glob("*.json")
+    decisions = {}
+    for name, costs in {"flat": [1.0 + 0.01 * (n - 1) for n in row_cost.ROWS],
+                        "steep": [float(n) for n in row_cost.ROWS]}.items():
+        record.write_text(json.dumps({"rows": list(row_cost.ROWS), "costs": costs, "what": name}))
+        cost = _llm(path).engine.scheduler.drafts.row_cost
+        assert cost(16) == costs[-1]
+        decisions[name] = allocate_drafts([(4, 0.7, 0)], 1, cost, max_drafts=4)
+    assert decisions == {"flat": [4], "steep": [0]}
+    record.write_text("not json")  # a record that cannot be read is measured again
+    assert _llm(path).engine.scheduler.drafts.row_cost(1) == 1.0
+    assert json.loads(record.read_text())["rows"] == list(row_cost.ROWS)
