@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from eyas.cache import cache_dir
 from eyas.kernels import cpu_key
 from eyas.model.quantized import QuantLinear
-from eyas.model.resolve import cache_dir
 from eyas.spec.adaptive import RowCost
 
 ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
