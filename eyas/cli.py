@@ -58,6 +58,9 @@ def _engine_args(parser: argparse.ArgumentParser, speculative: bool = True) -> N
     s.add_argument("--spec-output-dir", default=None, help="extract_hidden_states: folder for the files")
     s.add_argument("--spec-include-output", action="store_true",
                    help="extract_hidden_states: dump generated tokens' states too")
+    s.add_argument("--parallel-drafting", action="store_true",
+                   help="eagle3: a parallel (P-EAGLE) drafter, drafts 2..k in one forward (parallel_drafting); without "
+                        "--spec-model the shipped one")
     s.add_argument("--spec-suffix", action="store_true",
                    help="eagle, eagle3, mtp: suffix decoding in front of the drafter; a request whose suffix draft "
                         "scores at least k takes it (enable_suffix_decoding; the --suffix-* options apply)")
@@ -105,7 +108,8 @@ def _spec_config(args) -> dict | None:
                 "suffix_decoding_max_cached_requests": args.suffix_max_cached_requests,
                 "suffix_decoding_max_spec_factor": args.suffix_max_spec_factor,
                 "suffix_decoding_min_token_prob": args.suffix_min_token_prob,
-                "suffix_decoding_cache_file": args.suffix_cache, "enable_suffix_decoding": args.spec_suffix or None}
+                "suffix_decoding_cache_file": args.suffix_cache, "enable_suffix_decoding": args.spec_suffix or None,
+                "parallel_drafting": args.parallel_drafting or None}
     config.update({key: value for key, value in optional.items() if value is not None})
     if args.spec_tokens is not None:
         config["num_speculative_tokens"] = args.spec_tokens

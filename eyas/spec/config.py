@@ -13,7 +13,7 @@ METHOD_FIELDS = frozenset({"prompt_lookup_min", "prompt_lookup_max", "model", "d
                            "output_dir", "include_output_tokens", "suffix_decoding_max_tree_depth",
                            "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
                            "suffix_decoding_min_token_prob", "suffix_decoding_cache_file",
-                           "enable_suffix_decoding"})
+                           "enable_suffix_decoding", "parallel_drafting"})
 SUFFIX_FIELDS = frozenset(name for name in METHOD_FIELDS if name.startswith("suffix_decoding_"))
 VERIFICATION_MODES = ("rejection", "shared_noise")
 # A CPU forward of n rows, in one-row forwards, by the target's weight format and matmul precision: (rows, cost)
@@ -84,6 +84,9 @@ class SpeculativeConfig:
     # a model drafter's method with suffix decoding in front of it (eyas.spec.suffix_hybrid, ArcticInference's
     # option): a request whose suffix draft scores at least k takes it, the others the drafter's
     enable_suffix_decoding: bool = False
+    # eagle3: the drafter is a parallel one (P-EAGLE, vLLM's name): drafts 2..k in one forward of mask rows
+    # (eyas.spec.speculator); without "model" the shipped parallel drafter
+    parallel_drafting: bool = False
 
     @cached_property
     def suffix_config(self) -> "SpeculativeConfig | None":
@@ -147,6 +150,8 @@ class SpeculativeConfig:
         if not isinstance(self.enable_suffix_decoding, bool):
             raise ValueError(f"speculative_config.enable_suffix_decoding: {self.enable_suffix_decoding!r} must be "
                              f"true or false")
+        if not isinstance(self.parallel_drafting, bool):
+            raise ValueError(f"speculative_config.parallel_drafting: {self.parallel_drafting!r} must be true or false")
         if self.aux_layer_ids is not None:
             ids = self.aux_layer_ids
             if isinstance(ids, str) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
