@@ -278,6 +278,8 @@ def test_speculators_folder_as_the_model_names_target_and_k(drafters):
     ({"method": "eagle"}, "num_speculative_tokens: missing"),
     # eyas ships an EAGLE-3 drafter for its default model only
     ({"method": "eagle3", "num_speculative_tokens": 2}, "eyas ships no eagle3 drafter for the target"),
+    ({"method": "eagle3", "num_speculative_tokens": 2, "parallel_drafting": True},
+     "eyas ships no parallel eagle3 drafter for the target"),
     ({"method": "eagle3", "num_speculative_tokens": 2, "model": "MTP"}, "does not match"),
     # a parallel drafter runs only as one, and drafts at most the depths it was trained for
     ({"method": "eagle3", "num_speculative_tokens": 2, "model": "PEAGLE"}, "parallel_drafting: False, but .* is a "
