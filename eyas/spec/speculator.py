@@ -126,9 +126,12 @@ class HiddenStateSpeculator(Proposer):
         if self.default_drafter == "target":
             return target.path  # MTP layers inside the target's checkpoint
         path = shipped_drafter(self.method, target, self.parallel)
+        if path is None and self.parallel:
+            raise ValueError(f"speculative_config.model: eyas ships no parallel {self.method} drafter for the target "
+                             f"{target.path.name} (docs/parallel_drafting.md); give a drafter folder, or train one "
+                             f"with `eyas train {self.method} --parallel-drafting`")
         if path is None:
-            kind = "parallel " * self.parallel
-            raise ValueError(f"speculative_config.model: eyas ships no {kind}{self.method} drafter for the target "
+            raise ValueError(f"speculative_config.model: eyas ships no {self.method} drafter for the target "
                              f"{target.path.name} (only for the default model, SmolLM2-135M-Instruct); give a drafter "
                              f"folder, or train one with `eyas train {self.method}`")
         return path
