@@ -416,3 +416,17 @@ def test_online_target_runs_under_the_trainers_autocast(tmp_path, tiny_models, m
     assert not torch.equal(states.last[mask], exact.last[mask])  # bf16 products, not float32 ones
     torch.testing.assert_close(states.last[mask], exact.last[mask], rtol=0.05, atol=0.05)
     torch.testing.assert_close(states.aux[mask], exact.aux[mask], rtol=0.05, atol=0.05)
+
+
+def test_training_plot_shows_a_run_that_logged_one_point(tmp_path):
+    """A run that logged one row still draws it: a one-point line is invisible without markers."""
+    import matplotlib.image
+
+    from eyas.train.export import plot
+
+    row = {"step": 1, "loss": 3.0, "agreement": [0.4, 0.2]}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    image = matplotlib.image.imread(plot(tmp_path))[..., :3]  # [H, W, RGB] in [0, 1]
+    blue = torch.tensor([0x1F, 0x77, 0xB4]) / 255  # matplotlib's first line colour, the loss
+    near = (torch.from_numpy(image.copy()) - blue).abs().amax(-1) < 0.1
+    assert int(near[:, : image.shape[1] // 2].sum()) > 10
