@@ -4,12 +4,13 @@ Default: the TRAINED drafter eyas ships for the default model (or ``--drafter ME
 many as given; an MTP folder holds only its layers), on held-out ShareGPT conversations (index
 13,000 on, never trained on), greedily, ``--max-tokens`` new tokens (stopping at EOS):
 
-* acceptance: mean acceptance length and per-position acceptance at k = 1..6 (chain drafting,
-  every draft verified), measured by the engine;
+* acceptance: mean acceptance length and per-position acceptance at each of ``--ks`` (default 1..6; a
+  parallel drafter's up to its depths), every draft verified, measured by the engine;
 * speed at the drafter's best k: tok/s with and without speculation at each batch size and
   thread count, the ratio, the same ratio in process CPU time (steadier than wall time on a shared
   machine), the draft step's cost (median time inside the proposer per step in which some request
-  drafts, / k), the share of steps that drafted (the drafter leaves out requests that the cost model
+  drafts, / k, and per step: a parallel drafter's should barely grow with k), the share of steps that
+  drafted (the drafter leaves out requests that the cost model
   would give no drafts) and identical outputs. ``--every-draft`` adds a row per batch size with
   every draft verified (``adaptive_draft_length`` off), beside the default adaptive drafting. The plain
   engine and every speculative one take turns call by call (batch 1: prompt by prompt), so a host whose
@@ -25,6 +26,11 @@ nothing): the cost of one draft step relative to one target decode step.
     python benchmarks/bench_drafters.py --no-acceptance --every-draft --batch-sizes 1     # adaptive vs every draft
     python benchmarks/bench_drafters.py --no-acceptance --suffix                          # with suffix decoding in front
     python benchmarks/bench_drafters.py --random --batch-sizes 1,8
+    python benchmarks/bench_drafters.py --drafter eagle3=eyas/drafters/smollm2-135m-instruct-eagle3 \
+        --drafter eagle3=PEAGLE_FOLDER --ks 1,2,3,4,5,6,7,8 --k 1,4,6 --batch-sizes 1,16  # chain vs parallel
+
+A folder whose config.json names ``parallel_drafting_depths`` (a P-EAGLE drafter) runs with
+``parallel_drafting: true``.
 """
 
 from __future__ import annotations
@@ -153,13 +159,25 @@ def _generate(llm, prompts, params, batch: int) -> None:
         llm.generate(prompts[i:i + batch], params, use_tqdm=False)
 
 
+def _spec(method: str, folder: str, k: int, **options) -> dict:
+    """The speculative_config of a drafter folder: with ``parallel_drafting`` where the folder is a parallel one."""
+    config = {"method": method, "model": folder, "num_speculative_tokens": k, **options}
+    return config | ({"parallel_drafting": True} if _depths(folder) else {})
+
+
+def _depths(folder: str) -> int:
+    """A parallel drafter's depths (the most drafts it makes a step), 0 for a chain drafter."""
+    return json.loads((Path(folder) / "config.json").read_text()).get("parallel_drafting_depths", 0)
+
+
 def _acceptance(args, common: dict, prompts, params, method: str, folder: str) -> None:
-    """The acceptance table: k = 1..6, every draft verified."""
+    """The acceptance table: each k of ``--ks`` (a parallel drafter's up to its depths), every draft verified."""
     print(f"acceptance (batch {args.accept_batch}, {max(args.threads)} threads):")
     print(f"{'k':>2s} {'acc len':>8s}  per-position acceptance")
-    for k in range(1, 7):
-        llm = LLM(args.model, **common, speculative_config={"method": method, "model": folder, "num_speculative_tokens": k,
-                                                            "adaptive_draft_length": False})
+    for k in args.ks:
+        if _depths(folder) and k > _depths(folder):
+            continue
+        llm = LLM(args.model, **common, speculative_config=_spec(method, folder, k, adaptive_draft_length=False))
         _generate(llm, prompts, params, args.accept_batch)
         stats = llm.stats()
         print(f"{k:2d} {stats['mean_acceptance_length']:8.3f}  "
@@ -189,51 +207,56 @@ def trained(args) -> int:
         print(f"\n== {method}: {folder}")
         if args.acceptance:
             _acceptance(args, common, prompts, params, method, folder)
-        k = args.k or (json.loads((Path(folder) / "config.json").read_text()).get("num_speculative_tokens") or 4)
-        print(f"speed at k = {k} ({'given' if args.k else 'the folder default'}):")
-        print(f"{'threads':>7s} {'B':>3s} {'plain tok/s':>11s} {'spec tok/s':>10s} {'speedup':>8s} {'cpu':>6s} "
-              f"{'acc len':>8s} {'draft step':>10s} {'/ decode':>8s} {'drafted':>8s} {'identical':>9s}")
-        policies = {"": {}}  # row name -> speculative_config options beside the drafter's
-        if args.every_draft:
-            policies["every draft"] = {"adaptive_draft_length": False}
-        if args.suffix:
-            policies["+ suffix"] = {"enable_suffix_decoding": True}
-            if args.every_draft:
-                policies["+ suffix, every draft"] = {"enable_suffix_decoding": True, "adaptive_draft_length": False}
-        for threads in args.threads:
-            torch.set_num_threads(threads)
-            timings: dict[str, list[tuple[float, bool]]] = {name: [] for name in policies}
-            specs = {}
-            for b in args.batch_sizes:
-                for name, options in policies.items():
-                    # suffix decoding's global tree keeps every output: a fresh engine for each batch size, so that
-                    # no run drafts from an earlier run's answers to the same prompts
-                    if name not in specs or "enable_suffix_decoding" in options:
-                        specs[name] = LLM(args.model, **common, speculative_config={
-                            "method": method, "model": folder, "num_speculative_tokens": k, **options})
-                        for size in args.batch_sizes:
-                            warm(specs[name], batch=size)
-                        _timed(specs[name], timings[name])
-                runs = {None: _Run(plain)} | {name: _Run(spec, timings=timings[name]) for name, spec in specs.items()}
-                for i in range(0, len(prompts), b):  # the engines take turns call by call: a drifting host hits all alike
-                    for run in runs.values():
-                        run.call(prompts[i:i + b], params)
-                base = runs.pop(None)
-                decode = statistics.median(o.metrics.time_per_output_token for o in base.outs)
-                for name, run in runs.items():
-                    steps, accepted = run.stat("num_steps"), run.stat("num_accepted")
-                    drafting = [t for t, drafted in run.steps if drafted]
-                    draft = statistics.median(drafting) / k if drafting else None
-                    cost = f"{draft * 1e3:7.2f} ms {draft / decode:7.2f}x" if draft else f"{'-':>10s} {'-':>8s}"
-                    share = len(drafting) / max(1, len(run.steps))
-                    same = sum(a.outputs[0].token_ids == c.outputs[0].token_ids for a, c in zip(base.outs, run.outs))
-                    rows = run.rows_taken()
-                    taken = f" ({rows[0]} rows took suffix drafts, {rows[1]} the drafter's)" if any(rows) else ""
-                    length = f"{(accepted + steps) / steps:8.2f}" if steps else f"{'-':>8s}"  # no step verified drafts
-                    print(f"{threads:7d} {b:3d} {base.tok_s:11.1f} {run.tok_s:10.1f} {run.tok_s / base.tok_s:7.2f}x "
-                          f"{run.cpu_tok_s / base.cpu_tok_s:5.2f}x {length} {cost} {share:7.0%} "
-                          f"{same:4d}/{len(run.outs)} {name}{taken}", flush=True)
+        for k in args.k or [json.loads((Path(folder) / "config.json").read_text()).get("num_speculative_tokens") or 4]:
+            _speed(args, common, prompts, params, method, folder, k, plain, warm)
     return 0
+
+
+def _speed(args, common, prompts, params, method, folder, k, plain, warm) -> None:
+    """Speed rows at draft length k: every thread count and batch size, each drafting policy."""
+    print(f"speed at k = {k} ({'given' if args.k else 'the folder default'}):")
+    print(f"{'threads':>7s} {'B':>3s} {'plain tok/s':>11s} {'spec tok/s':>10s} {'speedup':>8s} {'cpu':>6s} "
+          f"{'acc len':>8s} {'draft step':>10s} {'/ decode':>8s} {'per step':>9s} {'drafted':>8s} {'identical':>9s}")
+    policies = {"": {}}  # row name -> speculative_config options beside the drafter's
+    if args.every_draft:
+        policies["every draft"] = {"adaptive_draft_length": False}
+    if args.suffix:
+        policies["+ suffix"] = {"enable_suffix_decoding": True}
+        if args.every_draft:
+            policies["+ suffix, every draft"] = {"enable_suffix_decoding": True, "adaptive_draft_length": False}
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        timings: dict[str, list[tuple[float, bool]]] = {name: [] for name in policies}
+        specs = {}
+        for b in args.batch_sizes:
+            for name, options in policies.items():
+                # suffix decoding's global tree keeps every output: a fresh engine for each batch size, so that
+                # no run drafts from an earlier run's answers to the same prompts
+                if name not in specs or "enable_suffix_decoding" in options:
+                    specs[name] = LLM(args.model, **common, speculative_config=_spec(method, folder, k, **options))
+                    for size in args.batch_sizes:
+                        warm(specs[name], batch=size)
+                    _timed(specs[name], timings[name])
+            runs = {None: _Run(plain)} | {name: _Run(spec, timings=timings[name]) for name, spec in specs.items()}
+            for i in range(0, len(prompts), b):  # the engines take turns call by call: a drifting host hits all alike
+                for run in runs.values():
+                    run.call(prompts[i:i + b], params)
+            base = runs.pop(None)
+            decode = statistics.median(o.metrics.time_per_output_token for o in base.outs)
+            for name, run in runs.items():
+                steps, accepted = run.stat("num_steps"), run.stat("num_accepted")
+                drafting = [t for t, drafted in run.steps if drafted]
+                draft = statistics.median(drafting) / k if drafting else None
+                cost = f"{draft * 1e3:7.2f} ms {draft / decode:7.2f}x {draft * k * 1e3:6.2f} ms" if draft else \
+                    f"{'-':>10s} {'-':>8s} {'-':>9s}"
+                share = len(drafting) / max(1, len(run.steps))
+                same = sum(a.outputs[0].token_ids == c.outputs[0].token_ids for a, c in zip(base.outs, run.outs))
+                rows = run.rows_taken()
+                taken = f" ({rows[0]} rows took suffix drafts, {rows[1]} the drafter's)" if any(rows) else ""
+                length = f"{(accepted + steps) / steps:8.2f}" if steps else f"{'-':>8s}"  # no step verified drafts
+                print(f"{threads:7d} {b:3d} {base.tok_s:11.1f} {run.tok_s:10.1f} {run.tok_s / base.tok_s:7.2f}x "
+                      f"{run.cpu_tok_s / base.cpu_tok_s:5.2f}x {length} {cost} {share:7.0%} "
+                      f"{same:4d}/{len(run.outs)} {name}{taken}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--accept-batch", type=int, default=16, help="batch size of the acceptance runs")
     p.add_argument("--no-acceptance", dest="acceptance", action="store_false", help="speed runs only")
-    p.add_argument("--k", type=int, default=None, help="draft length for the speed runs (default: the folder's)")
+    p.add_argument("--k", type=batch_sizes, default=None,
+                   help="draft lengths for the speed runs, e.g. 1,6 (default: the folder's)")
+    p.add_argument("--ks", type=batch_sizes, default="1,2,3,4,5,6", help="draft lengths of the acceptance table")
     p.add_argument("--every-draft", action="store_true",
                    help="also time the drafter with every draft verified (adaptive_draft_length off) beside the default")
     p.add_argument("--suffix", action="store_true",
@@ -267,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def random_drafters(args) -> int:
     torch.set_num_threads(args.threads[0])
-    args.k = args.k or 3
+    args.k = args.k[0] if args.k else 3
     sizes = args.batch_sizes
     target_path = resolve_model(args.model)
     common = dict(dtype="float32", max_model_len=1024, kv_cache_gb=0.5, enable_prefix_caching=False,

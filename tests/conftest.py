@@ -46,6 +46,13 @@ def drafters(tiny_models, tmp_path_factory):
     folders["eagle3"] = save_drafter(eagle3, root / "eagle3", "eagle3", verifier=None, num_speculative_tokens=None)
     folders["eagle3_speculators"] = save_drafter(eagle3, root / "speculators", "speculators",
                                                  verifier=str(target_path), num_speculative_tokens=K)
+    parallel = Eagle3Drafter(one_layer, parts, target_hidden_size=64, draft_vocab_size=200, aux_layer_ids=(0, 1, 2),
+                             max_positions=1024, own_embedding=False, parallel_depths=4, mask_token_id=7)
+    randomize_(parallel, 5)
+    parallel.set_draft_vocabulary(torch.sort(torch.randperm(320, generator=torch.Generator().manual_seed(9))[:200]).values)
+    folders["peagle"] = save_drafter(parallel, root / "peagle", "eagle3")
+    folders["peagle_speculators"] = save_drafter(parallel, root / "peagle_speculators", "speculators",
+                                                 verifier=str(target_path), num_speculative_tokens=K)
     two = Eagle3Drafter(dataclasses.replace(cfg, num_layers=2), parts, target_hidden_size=64, draft_vocab_size=320,
                         aux_layer_ids=(0, 1, 2), max_positions=1024, own_embedding=False)
     randomize_(two, 4).set_draft_vocabulary(torch.arange(320))

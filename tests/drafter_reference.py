@@ -72,6 +72,8 @@ class Eagle3:
         self.p = "layers.0." if "speculators_model_type" in cfg else "midlayer."
         self.E = self.W.get("embed_tokens.weight", None if embed is None else embed.double())
         self.num_layers, self.advance = 1, True
+        # a parallel (P-EAGLE) drafter: the mask token (vLLM's ptd_token_id, speculators' mask_token_id)
+        self.mask_token = cfg.get("ptd_token_id", cfg.get("mask_token_id"))
 
     def first_hidden(self, hidden):  # aux states [P, 3*Ht] -> g [P, H]
         return hidden @ self.W["fc.weight"].T
@@ -169,5 +171,22 @@ def greedy_chain(ref, tokens: list[int], hidden: torch.Tensor, k: int, select=No
                         torch.stack([ctx[t][1] for t in range(pos + 1)]), torch.arange(pos + 1))
         feedback = out[-1]
         logits.append(ref.logits(layer, feedback))
+        drafts.append(int(logits[-1].argmax()))
+    return drafts, torch.stack(logits)
+
+
+def greedy_parallel(ref: Eagle3, tokens: list[int], hidden: torch.Tensor, k: int):
+    """k greedy drafts of a parallel EAGLE-3 drafter, as k sequential calls: draft d (0..k-1) reruns the layer
+    over the context 0..L+d, positions 0..L pairing token t+1 with the aux states at t (as in ``greedy_chain``),
+    positions L+1..L+d the mask token with ``fc(mask_hidden)``; its last row gives the draft.
+    Returns (drafts [k], logits [k, V])."""
+    last = len(hidden) - 1
+    first = ref.first_hidden(hidden.double())  # [L+1, H]
+    mask = ref.first_hidden(ref.W["mask_hidden"].view(1, -1))  # [1, H]
+    drafts, logits = [], []
+    for d in range(k):
+        ids = torch.tensor(tokens[1:last + 2] + [ref.mask_token] * d)
+        out = ref.block(0, ids, torch.cat([first, mask.expand(d, -1)]), torch.arange(last + 1 + d))
+        logits.append(ref.logits(0, out[-1]))
         drafts.append(int(logits[-1].argmax()))
     return drafts, torch.stack(logits)

@@ -55,13 +55,14 @@ def _parts(target):
     return TargetParts(target.model.embed_tokens, target.model.lm_head)
 
 
-def _eagle3(target, layout, num_layers=1):
+def _eagle3(target, layout, num_layers=1, parallel_depths=0):
     """SafeAILab: drafter hidden = target's, shared embedding. speculators: hidden 48, own embedding."""
     own = layout == "speculators"
     cfg = dataclasses.replace(target.cfg, num_layers=num_layers, **(dict(hidden_size=48, head_dim=12, intermediate_size=96)
                                                           if own else {}))
     drafter = Eagle3Drafter(cfg, _parts(target), target_hidden_size=64, draft_vocab_size=200, aux_layer_ids=(2, 0, 1),
-                            max_positions=MAX_POS, own_embedding=own)
+                            max_positions=MAX_POS, own_embedding=own, parallel_depths=parallel_depths,
+                            mask_token_id=11)
     randomize_(drafter, seed=1)
     drafter.set_draft_vocabulary(DRAFT_IDS)
     return drafter
@@ -179,6 +180,32 @@ def test_eagle3_drafts_match_reference(target, tmp_path, layout, num_layers):
     _assert_same_tensors(load_file(tmp_path / "again" / "model.safetensors"),
                          load_file(tmp_path / "d" / "model.safetensors"))
     assert json.loads((tmp_path / "again" / "config.json").read_text()) == spec.config
+
+
+@pytest.mark.parametrize("layout", ["eagle3", "speculators"])
+def test_parallel_drafter_export_round_trip(target, tmp_path, layout):
+    """A parallel (P-EAGLE) drafter saved and loaded back: the same tensors (``mask_hidden`` [1, 3 * Ht]
+    included), depth count and mask token under vLLM's names (``ptd_token_id``; speculators: ``peagle`` with
+    ``mask_token_id``), and saving the loaded drafter writes the same files."""
+    drafter = _eagle3(target, layout, parallel_depths=6)
+    save_drafter(drafter, tmp_path / "d", layout, verifier=str(target.path), num_speculative_tokens=5)
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    if layout == "speculators":
+        assert (config["speculators_model_type"], config["mask_token_id"]) == ("peagle", 11)
+        assert config["speculators_config"]["algorithm"] == "peagle"
+    else:
+        assert config["ptd_token_id"] == 11
+    assert config["parallel_drafting_depths"] == 6
+    files = load_file(tmp_path / "d" / "model.safetensors")
+    assert files["mask_hidden"].shape == (1, 3 * 64)
+    loaded = load_drafter(tmp_path / "d", target.model, dtype=torch.float32, device=torch.device("cpu"),
+                          max_positions=MAX_POS)
+    _assert_same_tensors(loaded.state_dict(), drafter.state_dict())
+    assert (loaded.parallel_depths, loaded.mask_token_id) == (6, 11)
+    assert (loaded.spec.parallel_depths, loaded.spec.mask_token_id) == (6, 11)
+    save_drafter(loaded, tmp_path / "again", layout, verifier=str(target.path), num_speculative_tokens=5)
+    _assert_same_tensors(load_file(tmp_path / "again" / "model.safetensors"), files)
+    assert json.loads((tmp_path / "again" / "config.json").read_text()) == config
 
 
 def test_eagle1_drafts_match_reference(target, tmp_path):
@@ -313,6 +340,18 @@ BAD_CHECKPOINTS = [  # (base folder, edit, method, message)
     ("eagle3", _edit_config(), "medusa", r"method 'medusa' is not one of"),
     ("eagle3", lambda folder: (folder / "config.json").unlink(), None, r"no config.json in"),
     ("eagle3", lambda folder: (folder / "model.safetensors").unlink(), None, r"no \*.safetensors weights in"),
+    # parallel drafters: the depth count, the mask token (vLLM's names) and mask_hidden, named with the file
+    ("peagle", _edit_config(parallel_drafting_depths=1), None,
+     r"parallel_drafting_depths 1 in .*config.json must be the int K >= 2 .*ptd_token_id marks it as one"),
+    ("peagle", _edit_config(parallel_drafting_depths=None), None, r"parallel_drafting_depths None in .*config.json"),
+    ("peagle", _edit_config(ptd_token_id=None), None,
+     r"a parallel drafter needs its mask token id: none of ptd_token_id, pard_token, mask_token_id in .*config.json"),
+    ("peagle", _edit_config(ptd_token_id=320), None, r"ptd_token_id 320 in .*config.json must be a token id in \[0, 320\)"),
+    ("peagle", _edit_tensors(lambda t: t.update(mask_hidden=torch.zeros(1, 128))), None,
+     r"tensor 'mask_hidden' in .*model.safetensors has shape \(1, 128\), expected \(1, 192\)"),
+    ("peagle", _edit_tensors(lambda t: t.pop("mask_hidden")), None, r"1 tensors missing from .*\['mask_hidden'\]"),
+    ("peagle", _edit_config(target_hidden_size=96), None, r"target_hidden_size 96 does not match the target's hidden"),
+    ("peagle", _edit_config(vocab_size=300), None, r"vocab_size 300 does not match the target's vocabulary size 320"),
     ("speculators", _edit_config(norm_before_residual=True), None, r"norm_before_residual: true in .* is not supported"),
     ("speculators", _edit_config(speculators_model_type="eagle"), None, r"speculators_model_type 'eagle' in .* is not"),
     ("speculators", _edit_config(draft_vocab_size=None), None, r"field 'draft_vocab_size' missing from .*config.json"),
@@ -331,6 +370,7 @@ BAD_CHECKPOINTS = [  # (base folder, edit, method, message)
 def saved(target, tmp_path_factory):
     root = tmp_path_factory.mktemp("saved")
     save_drafter(_eagle3(target, "eagle3"), root / "eagle3")
+    save_drafter(_eagle3(target, "eagle3", parallel_depths=4), root / "peagle")
     save_drafter(_eagle3(target, "speculators"), root / "speculators", "speculators")
     save_drafter(_eagle1(target), root / "eagle")
     _save_mtp(target, _mtp(target, (64, None), own_heads=False), root / "mtp", into_target=False)

@@ -19,6 +19,8 @@ CASES = {  # name -> (method, model folder key, the LLM's target: the drafter's 
     "eagle3": ("eagle3", "eagle3"),
     "eagle3_speculators": ("eagle3", "eagle3_speculators"),
     "eagle3_2_layers": ("eagle3", "eagle3_2_layers"),  # a second, plain decoder layer (vLLM's num_hidden_layers 2)
+    "peagle": ("eagle3", "peagle"),  # parallel drafting (P-EAGLE): drafts 2..k from one forward of mask rows
+    "peagle_speculators": ("eagle3", "peagle_speculators"),
     "mtp_1": ("mtp", "mtp_1"),
     "mtp_2_sliding_full": ("mtp", "mtp_2_sliding_full"),
     "mtp_2": ("mtp", "mtp_2"),
@@ -33,6 +35,8 @@ def _llm(drafters, case, spec_over=None, **over):
     spec = {"method": method, "num_speculative_tokens": K, "draft_step_cost": 0.0, **(spec_over or {})}
     if method != "mtp":
         spec["model"] = folder
+    if key.startswith("peagle"):
+        spec["parallel_drafting"] = True
     kw = dict(dtype="float32", max_model_len=256, kv_cache_gb=0.05, speculative_config=spec)
     kw.update(over)
     return LLM(target, **kw)
@@ -148,11 +152,15 @@ def _assert_reference_drafts(drafters, case, records) -> None:
         with torch.no_grad():
             states = hf(torch.tensor([tokens[:-1]]), output_hidden_states=True).hidden_states
         hidden = torch.cat([states[i][0] for i in (0, 1, 2)], -1) if method == "eagle3" else states[-1][0]
-        want, _ = ref.greedy_chain(reference, tokens, hidden, len(drafts))
+        if key.startswith("peagle"):
+            want, _ = ref.greedy_parallel(reference, tokens, hidden, len(drafts))
+        else:
+            want, _ = ref.greedy_chain(reference, tokens, hidden, len(drafts))
         assert drafts == want
 
 
-@pytest.mark.parametrize("case", ["eagle", "eagle3", "eagle3_2_layers", "mtp_1", "mtp_2"])
+@pytest.mark.parametrize("case", ["eagle", "eagle3", "eagle3_2_layers", "peagle", "peagle_speculators", "mtp_1",
+                                  "mtp_2"])
 def test_engine_drafts_equal_one_request_reference(drafters, case):
     """Every step's drafts of a batched run equal the dense reference's chain over that request alone, the
     drafts of requests that skipped steps while the adaptive policy paused them (caught up) included.
@@ -192,7 +200,7 @@ def _skip_every_third_step(llm) -> None:
     scheduler._expected_drafts = forced
 
 
-@pytest.mark.parametrize("case", ["eagle3", "eagle3_2_layers", "mtp_1", "mtp_2_sliding_full"])
+@pytest.mark.parametrize("case", ["eagle3", "eagle3_2_layers", "peagle", "mtp_1", "mtp_2_sliding_full"])
 def test_requests_draft_again_after_skipped_steps_batch_1_and_8_with_preemption(drafters, case):
     """Requests told 0 skip the drafter, then draft again; greedy output equals plain output, and a caught-up
     request drafts what a drafter that never skips drafts at the same history (mtp_2_sliding_full: a window
@@ -270,15 +278,27 @@ def test_speculators_folder_as_the_model_names_target_and_k(drafters):
     ({"method": "eagle"}, "num_speculative_tokens: missing"),
     # eyas ships an EAGLE-3 drafter for its default model only
     ({"method": "eagle3", "num_speculative_tokens": 2}, "eyas ships no eagle3 drafter for the target"),
+    ({"method": "eagle3", "num_speculative_tokens": 2, "parallel_drafting": True},
+     "eyas ships no parallel eagle3 drafter for the target"),
     ({"method": "eagle3", "num_speculative_tokens": 2, "model": "MTP"}, "does not match"),
+    # a parallel drafter runs only as one, and drafts at most the depths it was trained for
+    ({"method": "eagle3", "num_speculative_tokens": 2, "model": "PEAGLE"}, "parallel_drafting: False, but .* is a "
+                                                                           "parallel"),
+    ({"method": "eagle3", "num_speculative_tokens": 2, "model": "EAGLE3", "parallel_drafting": True},
+     "parallel_drafting: True, but .* is a chain drafter"),
+    ({"method": "eagle3", "num_speculative_tokens": 5, "model": "PEAGLE", "parallel_drafting": True},
+     "num_speculative_tokens: 5 exceeds the 4 depths .*parallel_drafting_depths"),
+    ({"method": "mtp", "num_speculative_tokens": 2, "model": "MTP", "parallel_drafting": True},
+     "parallel_drafting: not used by method 'mtp'"),
 ])
 def test_speculator_misconfigurations(drafters, spec, message):
-    spec = {k: drafters.folders["mtp_1"] if v == "MTP" else v for k, v in spec.items()}
+    names = {"MTP": "mtp_1", "PEAGLE": "peagle", "EAGLE3": "eagle3"}
+    spec = {k: drafters.folders[names[v]] if v in names else v for k, v in spec.items()}
     with pytest.raises(ValueError, match=message):
         LLM(str(drafters.target), dtype="float32", max_model_len=256, kv_cache_gb=0.05, speculative_config=spec)
 
 
-@pytest.mark.parametrize("case", ["eagle3", "mtp_2_sliding_full"])
+@pytest.mark.parametrize("case", ["eagle3", "peagle", "mtp_2_sliding_full"])
 def test_seeded_sampling_with_shared_noise_is_token_identical_to_plain(drafters, case):
     """Drafts drawn with the target's own keyed noise keep seeded sampling token-identical."""
     params = [SamplingParams(temperature=t, top_p=0.9, seed=s, max_tokens=20, ignore_eos=True)
@@ -325,7 +345,7 @@ def _mixed_batch():
     return _prompts(7, seed=5), params
 
 
-@pytest.mark.parametrize("case", ["eagle", "eagle3", "mtp_1", "mtp_2_sliding_full"])
+@pytest.mark.parametrize("case", ["eagle", "eagle3", "peagle", "mtp_1", "mtp_2_sliding_full"])
 def test_graph_layout_run_eagerly_proposes_the_eager_drafts(drafters, case):
     """The padded layout that CUDA graphs replay (batch padded up the ladder, queries to k+1 rows per
     request, block tables to a power of two), run eagerly on the CPU, drafts exactly what the flat path does."""
@@ -351,7 +371,7 @@ def test_graph_layout_run_eagerly_proposes_the_eager_drafts(drafters, case):
 
 
 @needs_cuda
-@pytest.mark.parametrize("case", ["eagle3", "mtp_2_sliding_full"])
+@pytest.mark.parametrize("case", ["eagle3", "peagle", "mtp_2_sliding_full"])
 def test_cuda_graphs_propose_the_eager_drafts(drafters, case):
     prompts, params = _mixed_batch()
     kw = dict(device="cuda", max_num_batched_tokens=48)

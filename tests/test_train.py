@@ -69,9 +69,9 @@ def _config(peaked, out, method="eagle3", **over) -> TrainConfig:
     return TrainConfig(**kw)
 
 
-def _acceptance(peaked, folder: Path, method: str, k: int = 3) -> tuple[float, list]:
-    llm = LLM(str(peaked["model"]), speculative_config={"method": method, "model": str(folder),
-                                                        "num_speculative_tokens": k, "adaptive_draft_length": False})
+def _acceptance(peaked, folder: Path, method: str, k: int = 3, parallel: bool = False) -> tuple[float, list]:
+    spec = {"method": method, "model": str(folder), "num_speculative_tokens": k, "adaptive_draft_length": False}
+    llm = LLM(str(peaked["model"]), speculative_config=spec | ({"parallel_drafting": True} if parallel else {}))
     outs = llm.generate(peaked["prompts"], SamplingParams(temperature=0, max_tokens=REPLY, ignore_eos=True),
                         use_tqdm=False)
     return llm.stats()["mean_acceptance_length"], [o.outputs[0].token_ids for o in outs]
@@ -90,6 +90,23 @@ def test_trained_drafter_lowers_the_loss_and_is_accepted_by_the_engine(peaked, t
     print(method, rows[0]["loss"], rows[-1]["loss"], before, after)
     assert after > before + 0.5, (before, after)  # greedy acceptance is deterministic: a real measurement
     assert outputs == plain_like  # lossless either way
+
+
+def test_trained_parallel_drafter_is_accepted_clearly_more_than_an_untrained_one(peaked, tmp_path):
+    """A parallel (P-EAGLE) drafter of 4 depths, trained with depth sampling, drafts 3 tokens a step in the
+    engine: acceptance length clearly above the untrained one's, output lossless."""
+    trainer = Trainer(_config(peaked, tmp_path / "run", parallel_depths=4, depth_keep=0.7), progress=False)
+    untrained = save_drafter(trainer.recipe.drafter, tmp_path / "untrained")
+    trainer.train()
+    trained = save_drafter(trainer.recipe.drafter, tmp_path / "trained")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows[-1]["agreement"]) == 4  # one per depth
+    assert rows[-1]["loss"] < 0.5 * rows[0]["loss"]
+    before, plain_like = _acceptance(peaked, untrained, "eagle3", parallel=True)
+    after, outputs = _acceptance(peaked, trained, "eagle3", parallel=True)
+    print(rows[0]["agreement"], rows[-1]["agreement"], before, after)
+    assert after > before + 0.5, (before, after)
+    assert outputs == plain_like
 
 
 def test_kill_9_mid_training_then_the_same_command_ends_with_the_same_weights(peaked, tmp_path):
@@ -399,3 +416,17 @@ def test_online_target_runs_under_the_trainers_autocast(tmp_path, tiny_models, m
     assert not torch.equal(states.last[mask], exact.last[mask])  # bf16 products, not float32 ones
     torch.testing.assert_close(states.last[mask], exact.last[mask], rtol=0.05, atol=0.05)
     torch.testing.assert_close(states.aux[mask], exact.aux[mask], rtol=0.05, atol=0.05)
+
+
+def test_training_plot_shows_a_run_that_logged_one_point(tmp_path):
+    """A run that logged one row still draws it: a one-point line is invisible without markers."""
+    import matplotlib.image
+
+    from eyas.train.export import plot
+
+    row = {"step": 1, "loss": 3.0, "agreement": [0.4, 0.2]}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    image = matplotlib.image.imread(plot(tmp_path))[..., :3]  # [H, W, RGB] in [0, 1]
+    blue = torch.tensor([0x1F, 0x77, 0xB4]) / 255  # matplotlib's first line colour, the loss
+    near = (torch.from_numpy(image.copy()) - blue).abs().amax(-1) < 0.1
+    assert int(near[:, : image.shape[1] // 2].sum()) > 10

@@ -151,11 +151,12 @@ def target(tmp_path_factory):
     return model
 
 
-def make_recipe(target, seed=0, widen=True):
+def make_recipe(target, seed=0, widen=True, parallel_depths=0):
     from eyas.train.recipes import Eagle3Recipe
 
     torch.manual_seed(seed)
-    recipe = Eagle3Recipe(target, 64, aux_layer_ids=(0, 1, 2), vocab_ids=torch.arange(0, VOCAB, 2))
+    recipe = Eagle3Recipe(target, 64, aux_layer_ids=(0, 1, 2), vocab_ids=torch.arange(0, VOCAB, 2),
+                          parallel_depths=parallel_depths)
     if widen:  # the HF-style init (std 0.02, unit norms) barely lets attention matter; widen it
         with torch.no_grad():
             gen = torch.Generator().manual_seed(seed + 7)
@@ -166,6 +167,8 @@ def make_recipe(target, seed=0, widen=True):
                     p.copy_(0.15 * torch.randn(p.shape, generator=gen))
             recipe.drafter.fc.weight.copy_(0.1 * torch.randn(recipe.drafter.fc.weight.shape, generator=gen))
             recipe.drafter.norm.weight.copy_(1.0 + 0.2 * torch.randn(HIDDEN, generator=gen))
+            if parallel_depths:
+                recipe.drafter.mask_hidden.copy_(torch.randn(recipe.drafter.mask_hidden.shape, generator=gen))
     return recipe
 
 

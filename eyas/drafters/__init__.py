@@ -11,16 +11,19 @@ from pathlib import Path
 from eyas.config import ModelConfig
 
 _HERE = Path(__file__).parent
-# (method, lower-case fragment of the target folder's name) -> folder under eyas/drafters/; the first row of a
-# method is its default when no target is known yet. The default model converts to a folder named
+# (method, parallel drafter?, lower-case fragment of the target folder's name) -> folder under eyas/drafters/;
+# the first row of a method is its default when no target is known yet. The default model converts to a folder named
 # "SmolLM2-135M-Instruct.Q4_1-..." in the eyas cache; an HF download is named "SmolLM2-135M-Instruct".
-SHIPPED = {("eagle3", "smollm2-135m-instruct"): "smollm2-135m-instruct-eagle3"}
+# No parallel (P-EAGLE) drafter ships yet: the one trained by scripts/train_parallel_drafter.sh accepted less than
+# the chain drafter at every k (docs/parallel_drafting.md); its row would be ("eagle3", True, fragment).
+SHIPPED = {("eagle3", False, "smollm2-135m-instruct"): "smollm2-135m-instruct-eagle3"}
 
 
-def shipped_drafter(method: str, target: ModelConfig | None = None) -> Path | None:
-    """The shipped drafter folder of ``method`` for ``target`` (None: the method's default), or None."""
-    for (m, fragment), folder in SHIPPED.items():
-        if m == method and (target is None or fragment in target.path.name.lower()):
+def shipped_drafter(method: str, target: ModelConfig | None = None, parallel: bool = False) -> Path | None:
+    """The shipped drafter folder of ``method`` (a parallel one with ``parallel``) for ``target`` (None: the
+    method's default), or None."""
+    for (m, p, fragment), folder in SHIPPED.items():
+        if m == method and p == parallel and (target is None or fragment in target.path.name.lower()):
             path = _HERE / folder
             return path if (path / "config.json").is_file() else None
     return None

@@ -17,10 +17,15 @@ Every step, right after verification and before any device-to-host copy:
    step unless the drafter declares otherwise; a drafter whose positions stay put overwrites its
    entry at the last position, which is restored afterwards, so later steps see the prefill's.
 
+   A parallel drafter (``Drafter.parallel_depths`` > 0, ``parallel_drafting: true``) instead runs ONE
+   forward of k-1 mask rows per request at the positions after the first draft's row (P-EAGLE), on the
+   same uniform padded layout and CUDA graphs as the decode steps.
+
 Example (EAGLE-3, k = 3): history x0..x4, layout [x4, d5, d6] at positions 4..6, verification
 accepted d5 and emitted [x5 = d5, x6]. Prefill rows 4, 5, 6 get tokens [x5, x6, junk] with aux
 states of positions 4..6; row 5 (x6 with the state at 5) drafts x7 at position 7; decode steps
-at positions 6 and 7 draft x8 and x9.
+at positions 6 and 7 draft x8 and x9; a parallel drafter's one forward of mask rows at positions 6 and 7
+drafts them instead.
 
 A request the scheduler expects to verify no drafts of next step (``ProposerInput.expected_drafts``
 0) is left out of all three, and its skipped positions are caught up by the prefill of the step it
@@ -92,7 +97,8 @@ class HiddenStateSpeculator(Proposer):
     def default_num_speculative_tokens(cls, config: dict) -> int | None:
         """A checkpoint may name its k: speculators' ``proposal_methods[0].speculative_tokens``, or eyas's
         top-level ``num_speculative_tokens`` (what ``eyas train`` measured as fastest)."""
-        folder = config.get("model") or (shipped_drafter(cls.method) if cls.default_drafter == "shipped" else None)
+        shipped = shipped_drafter(cls.method, parallel=bool(config.get("parallel_drafting")))
+        folder = config.get("model") or (shipped if cls.default_drafter == "shipped" else None)
         config_file = Path(folder or "") / "config.json"
         if not folder or not config_file.is_file():
             return None
@@ -101,11 +107,13 @@ class HiddenStateSpeculator(Proposer):
         return methods[0].get("speculative_tokens") or hf.get("num_speculative_tokens")
 
     def __init__(self, spec, config: EngineConfig, target):
+        self.parallel = getattr(spec.options, "parallel_drafting", False)
         path = spec.options.model if spec.options.model is not None else self._default_path(config.model)
         # a target on eyas's CPU kernels (quantized weights): the drafter's matrices become int8 rows
         self.drafter = load_drafter(path, target, dtype=config.dtype, device=config.device,
                                     max_positions=config.max_positions, method=self.method,
                                     int8_rows=config.quantization is not None)
+        self._check_parallel(spec.num_speculative_tokens)
         self.aux_layer_ids = self.drafter.aux_layer_ids
         self.needs_hidden_states = self.drafter.target_hidden == "last"
         self.k = spec.num_speculative_tokens
@@ -125,12 +133,27 @@ class HiddenStateSpeculator(Proposer):
     def _default_path(self, target) -> Path:
         if self.default_drafter == "target":
             return target.path  # MTP layers inside the target's checkpoint
-        path = shipped_drafter(self.method, target)
+        path = shipped_drafter(self.method, target, self.parallel)
+        if path is None and self.parallel:
+            raise ValueError(f"speculative_config.model: eyas ships no parallel {self.method} drafter for the target "
+                             f"{target.path.name} (docs/parallel_drafting.md); give a drafter folder, or train one "
+                             f"with `eyas train {self.method} --parallel-drafting`")
         if path is None:
             raise ValueError(f"speculative_config.model: eyas ships no {self.method} drafter for the target "
                              f"{target.path.name} (only for the default model, SmolLM2-135M-Instruct); give a drafter "
                              f"folder, or train one with `eyas train {self.method}`")
         return path
+
+    def _check_parallel(self, k: int) -> None:
+        """A parallel drafter runs only as one (``parallel_drafting``), and drafts at most its trained depths."""
+        depths, config_file = self.drafter.parallel_depths, self.drafter.spec.config_file
+        if self.parallel != bool(depths):
+            raise ValueError(f"speculative_config.parallel_drafting: {self.parallel}, but {config_file} is a "
+                             f"{'parallel (P-EAGLE)' if depths else 'chain'} drafter; set parallel_drafting: "
+                             f"{bool(depths)}")
+        if depths and k > depths:
+            raise ValueError(f"speculative_config.num_speculative_tokens: {k} exceeds the {depths} depths the parallel "
+                             f"drafter was trained for (parallel_drafting_depths in {config_file})")
 
     def step_cost(self, device_type: str) -> float:
         """What leaving every request out of a step saves, on a CPU, in one-row forwards of the target: not the
@@ -223,7 +246,6 @@ class HiddenStateSpeculator(Proposer):
 
         ``row_end`` [R] (host): the end of each row's prefill query; ``tables`` [R, blocks] per step layer."""
         dev, drafter = self.device, self.drafter
-        num_rows = len(inp.sample_rows)
         # row of each request's last committed token, then of the last emitted token's predecessor
         committed = row_end - 1 - torch.tensor(inp.num_drafts, dtype=torch.int64)
         rows = committed.to(dev) + inp.num_emitted - 1  # [R]
@@ -235,6 +257,16 @@ class HiddenStateSpeculator(Proposer):
         drafts = [x]
         pos = first_draft_pos - 2  # [R] the drafter position of that row
         tables = [t.to(dev) for t in tables]
+        if drafter.parallel_depths:
+            drafts += self._parallel(sampler, pos, first_draft_pos, tables)
+        else:
+            drafts += self._decode(sampler, x, feedback, pos, first_draft_pos, tables)
+        return torch.stack(drafts, dim=1), sampler.draft_probs()
+
+    def _decode(self, sampler: DraftSampler, x: torch.Tensor, feedback: torch.Tensor, pos: torch.Tensor,
+                first_draft_pos: torch.Tensor, tables: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Drafts 2..k of a chain drafter: k-1 single-token steps, each fed the previous draft and feedback."""
+        drafter, dev, num_rows = self.drafter, self.device, len(x)
         saved = None if drafter.advances_positions else self._entries(tables, pos)
         # draft decode over rows padded to the graph's batch size (padding rows write the null block)
         size = self._graph_batch_size(num_rows) or num_rows
@@ -243,6 +275,7 @@ class HiddenStateSpeculator(Proposer):
         pos_in = torch.zeros(size, dtype=torch.int64, device=dev)
         feedback_in = feedback.new_zeros(size, feedback.shape[1])
         tables_in = [pad_table(t, size, width) for t in tables]
+        drafts = []
         for j in range(1, self.k):
             if drafter.advances_positions:
                 pos = pos + 1
@@ -256,7 +289,37 @@ class HiddenStateSpeculator(Proposer):
         if saved is not None:
             for layer, (slots, entries) in zip(self.layers, saved):
                 layer.kv_cache[:, slots] = entries
-        return torch.stack(drafts, dim=1), sampler.draft_probs()
+        return drafts
+
+    def _parallel(self, sampler: DraftSampler, anchor: torch.Tensor, first_draft_pos: torch.Tensor,
+                  tables: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Drafts 2..k of a parallel drafter: one forward of k-1 mask rows per request at positions ``anchor + 1
+        .. anchor + k-1`` (``anchor`` [R]: the position of the row that gave draft 1), on the uniform layout
+        padded to the graph's batch size. Depth d's draft is sampled at sequence position first_draft_pos + d."""
+        num_rows, width = len(anchor), self.k - 1
+        if width == 0:
+            return []
+        size = self._graph_batch_size(num_rows) or num_rows
+        blocks = self._table_width(tables[0].shape[1])
+        anchor_in = torch.zeros(size, dtype=torch.int64, device=self.device)
+        anchor_in[:num_rows] = anchor
+        tables_in = [pad_table(t, size, blocks) for t in tables]
+        logits = self._run(("parallel", size, blocks), self._parallel_step, anchor_in, *tables_in)
+        logits = logits.view(size, width, -1)[:num_rows]  # [R, k-1, V]
+        return [sampler.sample(logits[:, d], first_draft_pos + 1 + d) for d in range(width)]
+
+    def _parallel_step(self, anchor, *tables):
+        """The mask rows of every request -> float32 logits [B * (k-1), V] (graphable: device tensors only)."""
+        width = self.k - 1
+        positions = (anchor[:, None] + torch.arange(1, width + 1, device=anchor.device)).flatten()  # [B * (k-1)]
+        q_lens = torch.full_like(anchor, width)
+        meta = {layer.kv_cache_group: self.backend.build_uniform_metadata(
+                    UniformBatch(q_lens, anchor + 1 + width, table, self.block_size, width, layer.sliding_window))
+                for layer, table in zip(self.layers, tables)}
+        input_ids, hidden = self.drafter.mask_inputs(len(positions), anchor.device)
+        with forward_context(ForwardContext(self.backend, meta)):
+            logits_hidden, _ = self.drafter(0, input_ids, positions, hidden)
+        return self.drafter.compute_logits(0, logits_hidden)
 
     def _graph_batch_size(self, n: int) -> int | None:
         return self.graphs.padded_batch_size(n) if self.graphs is not None else None
@@ -340,6 +403,8 @@ def speculators_redirect(folder: Path) -> tuple[str, dict] | None:
     if not verifier:
         raise ValueError(f"model: {folder} is a speculators drafter without speculators_config.verifier.name_or_path; "
                          f"pass the target as model and this folder as speculative_config.model")
+    if hf["speculators_model_type"] == "peagle":  # vLLM's mapping: EAGLE-3 with parallel drafting
+        return verifier, {"method": "eagle3", "parallel_drafting": True, "model": str(folder)}
     return verifier, {"method": hf["speculators_model_type"], "model": str(folder)}
 
 
@@ -347,7 +412,20 @@ class EagleSpeculator(HiddenStateSpeculator):
     method = "eagle"
 
 
+@dataclass(frozen=True)
+class Eagle3Options(SpeculatorOptions):
+    # vLLM's name: a parallel (P-EAGLE) drafter drafts 2..k in one forward of mask rows; without "model" the
+    # shipped parallel drafter
+    parallel_drafting: bool = option(False, "eagle3: a parallel (P-EAGLE) drafter, drafts 2..k in one forward; "
+                                            "without --spec-model the shipped one", flag="--parallel-drafting")
+
+    def validate(self) -> None:
+        if not isinstance(self.parallel_drafting, bool):
+            raise ValueError(f"speculative_config.parallel_drafting: {self.parallel_drafting!r} must be true or false")
+
+
 class Eagle3Speculator(HiddenStateSpeculator):
+    Options = Eagle3Options
     method = "eagle3"
     default_drafter = "shipped"
 

@@ -43,14 +43,26 @@ def add_train_parser(sub) -> None:
                         "2,N//2,N-3,N)")
     p.add_argument("--aux-layer-ids", type=_ids, default=None,
                    help="eagle3: target streams to fuse, vLLM convention (default: every dumped layer but N)")
-    p.add_argument("--draft-vocab-size", type=int, default=32000,
+    p.add_argument("--draft-vocab-size", type=int, default=8192,
                    help="eagle3: most frequent loss-masked target tokens the drafter predicts over (its head is the "
-                        "largest matrix of a draft step: smaller is cheaper)")
+                        "largest matrix of a draft step: smaller is cheaper). Default 8192, the shipped drafter's: on "
+                        "2 CPU cores it trains about 3.6x as fast as SpecForge's GPU-sized 32000 with 7 unroll steps")
     p.add_argument("--num-layers", type=int, default=1,
                    help="eagle3: decoder layers of the drafter (vLLM runs several too); mtp: MTP layers M "
                         "(draft step j uses layer j %% M)")
-    p.add_argument("--unroll-steps", type=int, default=7,
-                   help="training-time test: drafter steps unrolled on its own outputs (EAGLE/SpecForge: 7)")
+    p.add_argument("--unroll-steps", type=int, default=4,
+                   help="training-time test: drafter steps unrolled on its own outputs (default 4, the shipped "
+                        "drafter's recipe, sized for a CPU; EAGLE/SpecForge use 7 on GPUs)")
+    p.add_argument("--parallel-drafting", action="store_true",
+                   help="eagle3: train a parallel (P-EAGLE) drafter of --depths depths, which drafts all its tokens "
+                        "in one pass (docs/parallel_drafting.md) instead of unrolling training-time test")
+    p.add_argument("--depths", type=int, default=6,
+                   help="--parallel-drafting: K, the depths (drafts per pass) trained; it serves k <= K")
+    p.add_argument("--depth-keep", type=float, default=0.5,
+                   help="--parallel-drafting: depth d trains at a random keep**d of the positions (conditional "
+                        "drop-token sampling), so memory does not grow as depths x length")
+    p.add_argument("--depth-floor", type=float, default=0.05,
+                   help="--parallel-drafting: ... and at no fewer than this fraction of them")
     p.add_argument("--step-decay", type=float, default=0.8, help="loss weight of unroll step i: decay ** i")
     p.add_argument("--loss", choices=["soft", "hard"], default="soft",
                    help="soft: cross-entropy to the target's distribution; hard: to the data's next token")
@@ -95,6 +107,8 @@ def _config(args):
                        max_samples=args.max_samples, loss_masks=args.loss_masks, layers=args.layers,
                        aux_layer_ids=args.aux_layer_ids, draft_vocab_size=args.draft_vocab_size,
                        num_layers=args.num_layers, unroll_steps=args.unroll_steps, step_decay=args.step_decay,
+                       parallel_depths=args.depths if args.parallel_drafting else 0, depth_keep=args.depth_keep,
+                       depth_floor=args.depth_floor,
                        loss=args.loss, epochs=args.epochs, max_steps=args.max_steps, lr=args.lr,
                        schedule=args.schedule, warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
                        grad_clip=args.grad_clip, max_len=args.max_len, batch_tokens=args.batch_tokens,
@@ -134,8 +148,10 @@ def cmd_train(args, argv: list[str] | None = None) -> int:
         evaluation = None
         if args.eval_prompts > 0:
             prompts = _eval_prompts(args, Tokenizer.from_folder(trainer.target_config.path))
-            evaluation = acceptance_by_k(args.model, str(out), args.method, prompts, list(args.eval_ks),
-                                         max_tokens=args.eval_tokens, num_threads=args.threads)
+            depths = trainer.config.parallel_depths
+            ks = [k for k in args.eval_ks if not depths or k <= depths]  # a parallel drafter drafts <= K tokens
+            evaluation = acceptance_by_k(args.model, str(out), args.method, prompts, ks, max_tokens=args.eval_tokens,
+                                         num_threads=args.threads, parallel=bool(depths))
             best = max(evaluation["rows"], key=lambda r: r["tok_s"])
             evaluation["best_k"] = best["k"]
             export.export(trainer, args.format, num_speculative_tokens=best["k"])

@@ -1,4 +1,4 @@
-"""Measure a drafter folder with the engine: greedy chain drafting on held-out prompts at each k.
+"""Measure a drafter folder with the engine: greedy drafting (chain, or parallel) on held-out prompts at each k.
 
 Acceptance is what the engine really accepts (``llm.stats()``), not an estimate from training
 agreement. Requests run one at a time (batch 1), so tok/s is the latency a single user sees; the
@@ -22,7 +22,7 @@ def _run(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[float, in
 
 
 def acceptance_by_k(model: str | None, drafter: str, method: str, prompts: list[list[int]], ks: list[int], *,
-                    max_tokens: int = 128, num_threads: int | None = None) -> dict:
+                    max_tokens: int = 128, num_threads: int | None = None, parallel: bool = False) -> dict:
     """{"plain_tok_s", "weights", "rows": [{"k", "mean_acceptance_length", "per_position", "tok_s", "speedup"}]};
     "weights": the target's weight format and matmul precision (acceptance moves a little with them)."""
     base = dict(max_num_seqs=1, num_threads=num_threads, enable_prefix_caching=False)
@@ -34,8 +34,8 @@ def acceptance_by_k(model: str | None, drafter: str, method: str, prompts: list[
     plain = tokens / seconds
     rows = []
     for k in ks:
-        llm = LLM(model, speculative_config={"method": method, "model": str(drafter), "num_speculative_tokens": k,
-                                             "adaptive_draft_length": False}, **base)
+        spec = {"method": method, "model": str(drafter), "num_speculative_tokens": k, "adaptive_draft_length": False}
+        llm = LLM(model, speculative_config=spec | ({"parallel_drafting": True} if parallel else {}), **base)
         seconds, tokens = _run(llm, prompts, max_tokens)
         stats = llm.stats()
         rows.append({"k": k, "mean_acceptance_length": round(stats["mean_acceptance_length"], 3),

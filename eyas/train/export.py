@@ -47,11 +47,14 @@ def plot(out: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     steps = [r["step"] for r in rows]
+    pinned = out / "train.json"  # the run's settings
+    unit = "depth" if pinned.is_file() and json.loads(pinned.read_text()).get("parallel_depths") else "step"
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.plot(steps, [r["loss"] for r in rows])
+    # markers: a run that logged one point still shows it (a line needs two)
+    left.plot(steps, [r["loss"] for r in rows], marker="o", markersize=3)
     left.set(xlabel="step", ylabel="loss (weighted over unroll steps)", title="loss")
     for i in range(len(rows[0]["agreement"])):
-        right.plot(steps, [r["agreement"][i] for r in rows], label=f"step {i}")
+        right.plot(steps, [r["agreement"][i] for r in rows], label=f"{unit} {i}", marker="o", markersize=3)
     right.set(xlabel="step", ylabel="top-1 agreement with the target", title="agreement per unroll step", ylim=(0, 1))
     right.legend(fontsize=7, ncol=2)
     fig.tight_layout()
@@ -72,13 +75,16 @@ def model_card(trainer, argv: list[str], evaluation: dict | None) -> Path:
              f"- data: `{' '.join(config.data)}` ({'online' if config.online else 'hidden-state dumps'}), "
              f"{len(trainer.lengths)} samples, {sum(trainer.lengths)} tokens (max_len {config.max_len})",
              f"- steps: {trainer.step} ({trainer.tokens_seen} tokens seen), batch of {config.batch_tokens} tokens, "
-             f"{config.unroll_steps} unroll steps, lr {config.lr} ({config.schedule}), seed {config.seed}",
+             + (f"parallel drafting: {config.parallel_depths} depths (depth d at keep {config.depth_keep}**d, floor "
+              f"{config.depth_floor} of the positions)" if config.parallel_depths else
+              f"{config.unroll_steps} unroll steps") + f", lr {config.lr} ({config.schedule}), seed {config.seed}",
              f"- training throughput: {getattr(trainer, 'tokens_per_second', 0):.0f} tokens/s "
              f"on {trainer.device} ({torch.get_num_threads()} threads), {trainer.world} process(es)",
              f"- final loss {last.get('loss', float('nan')):.4f}; top-1 agreement per unroll step: "
              f"{last.get('agreement')}", ""]
     if evaluation:
-        lines += ["## Measured acceptance (eyas engine, greedy chain drafting, batch 1)", "",
+        kind = "parallel" if config.parallel_depths else "chain"
+        lines += [f"## Measured acceptance (eyas engine, greedy {kind} drafting, batch 1)", "",
                   f"{evaluation['num_prompts']} held-out prompts, {evaluation['max_tokens']} new tokens; "
                   f"plain target {evaluation['plain_tok_s']} tok/s ({evaluation['weights']}).",
                   "",
@@ -89,7 +95,8 @@ def model_card(trainer, argv: list[str], evaluation: dict | None) -> Path:
         lines += ["", f"Fastest k: {evaluation.get('best_k')} (the default k of this folder).", ""]
     lines += ["## Use", "", "```python", "from eyas import LLM",
               f"llm = LLM({config.model!r}, speculative_config={{\"method\": \"{config.method}\", "
-              "\"model\": \"path/to/this/folder\"})", "```", "",
+              + ("\"parallel_drafting\": True, " if config.parallel_depths else "")
+              + "\"model\": \"path/to/this/folder\"})", "```", "",
               "vLLM: `--speculative-config '{\"method\": \"eagle3\", \"model\": \"path/to/this/folder\", "
               "\"num_speculative_tokens\": K}'` (the SafeAILab / SpecForge layout)." if trainer.recipe.vllm_loads
               else "",

@@ -167,11 +167,16 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
 def step_stats(step: int, normed: torch.Tensor, head, targets: Targets, loss: str = "soft") -> StepStats:
     """normed [B, T, H]: unroll step ``step``'s normed output; ``head(step, x [n, H]) -> [n, Vd]`` logits."""
     b, t = scored_positions(step, targets, loss)
-    later = t + 1 + step
+    return scored_stats(step, normed[b, t], b, t + 1 + step, head, targets, loss)
+
+
+def scored_stats(step: int, rows: torch.Tensor, b: torch.Tensor, later: torch.Tensor, head, targets: Targets,
+                 loss: str = "soft") -> StepStats:
+    """rows [n, H]: normed outputs scored against ``p_{later}`` of sequence ``b`` (each [n]), all valid."""
     if len(b) == 0:
-        zero = normed.sum() * 0
+        zero = rows.sum() * 0
         return StepStats(zero, zero.detach(), zero.detach())
-    logits = head(step, normed[b, t])  # [n, Vd]
+    logits = head(step, rows)  # [n, Vd]
     if loss == "soft":
         ce, argmax = _ChunkedCrossEntropy.apply(logits, targets.probs, targets.row[b, later], None)
     else:

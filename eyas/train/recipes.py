@@ -69,8 +69,11 @@ class Recipe(ABC):
         return []
 
     def load_weights(self, loaded: Drafter, folder: str) -> None:
-        """Start from ``loaded`` (``--init``): a drafter of the same shape, read from ``folder``."""
+        """Start from ``loaded`` (``--init``): a drafter of the same shape, read from ``folder``; a parallel run
+        from a chain drafter keeps its fresh ``mask_hidden`` (depth 0 starts as the chain drafter)."""
         mine, theirs = self.drafter.state_dict(), loaded.state_dict()
+        if self.drafter.parallel_depths and not loaded.parallel_depths:
+            theirs["mask_hidden"] = mine["mask_hidden"]
         wrong = sorted(k for k in mine if k not in theirs or theirs[k].shape != mine[k].shape)
         if wrong:
             raise ValueError(f"init: the drafter in '{folder}' does not have this run's shape ({', '.join(wrong[:4])} "
@@ -87,15 +90,18 @@ class Eagle3Recipe(Recipe):
     uses_aux = True
     vllm_loads = True  # the SafeAILab / SpecForge layout
 
+    MASK_TOKEN_ID = 0  # fed at depths >= 1 of a parallel drafter; its embedding is the target's, frozen
+
     def __init__(self, target: nn.Module, max_positions: int, *, aux_layer_ids: tuple[int, ...],
-                 vocab_ids: torch.Tensor, num_layers: int = 1):
+                 vocab_ids: torch.Tensor, num_layers: int = 1, parallel_depths: int = 0):
         super().__init__(target, max_positions)
         cfg = target.config
         layer = dataclasses.replace(cfg, num_layers=num_layers, qk_norm=False, attention_bias=False,
                                     architecture="LlamaForCausalLM", tie_word_embeddings=False)
         self.drafter = Eagle3Drafter(layer, TargetParts(target.embed_tokens, target.lm_head),
                                      target_hidden_size=cfg.hidden_size, draft_vocab_size=len(vocab_ids),
-                                     aux_layer_ids=aux_layer_ids, max_positions=max_positions, own_embedding=False)
+                                     aux_layer_ids=aux_layer_ids, max_positions=max_positions, own_embedding=False,
+                                     parallel_depths=parallel_depths, mask_token_id=self.MASK_TOKEN_ID)
         _init_(self.drafter)
         with torch.no_grad():
             self.drafter.lm_head.weight.copy_(target.lm_head.weight[vocab_ids])
@@ -114,7 +120,8 @@ class Eagle3Recipe(Recipe):
                                  f"the data gives {list(data.aux_layer_ids)}; pass --aux-layer-ids "
                                  f"{','.join(map(str, loaded.aux_layer_ids))}")
         recipe = cls(target, max_positions, aux_layer_ids=data.aux_layer_ids,
-                     vocab_ids=vocab.to(target.embed_tokens.weight.device), num_layers=config.num_layers)
+                     vocab_ids=vocab.to(target.embed_tokens.weight.device), num_layers=config.num_layers,
+                     parallel_depths=config.parallel_depths)
         if loaded is not None:
             recipe.load_weights(loaded, config.init)
         return recipe

@@ -17,6 +17,14 @@ Worked example (EAGLE-3, one request: prompt x0..x4, the target just emitted x5,
     step 1: input_ids [d6], positions [5], hidden = f4 -> d7, f5
     step 2: input_ids [d7], positions [6], hidden = f5 -> d8
 
+A parallel drafter (``parallel_depths = K > 0``, P-EAGLE) replaces the decode steps by ONE forward of
+k-1 mask rows per request, after step 0's row: same example, k = 3:
+
+    parallel: input_ids [m m], positions [5 6], hidden = [mask_hidden, mask_hidden] -> d7, d8
+
+where ``m`` is the checkpoint's mask token and ``mask_hidden`` a learned stand-in for the target's aux
+states. The row at position 4 + d (depth d) sees the prefix's entries 0..4 and the mask rows before it.
+
 A drafter that does not advance positions (``advances_positions = False``) runs every decode step
 at the prefix's last position instead (4 above), overwriting its step layer's entry there.
 """
@@ -70,6 +78,8 @@ class Drafter(nn.Module, ABC):
         self.aux_layer_ids: tuple[int, ...] = ()  # vLLM convention, ascending: the order of the aux states
         self.advances_positions = True  # decode step j runs at position P + j (else at P, the prefix's last)
         self.num_step_layers = 1  # draft step j uses step layer j % num_step_layers
+        # drafts 2..K come from one forward of mask rows after draft 1's row (P-EAGLE); 0: a chain drafter
+        self.parallel_depths = 0
         self.embed_tokens: nn.Embedding | None = None  # own embedding; None = the target's
         self.spec = None  # eyas.model.drafters.checkpoint.DrafterSpec, set by load_drafter
 

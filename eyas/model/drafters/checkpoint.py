@@ -2,8 +2,9 @@
 
 Layouts, recognised from ``config.json``:
 
-* ``speculators``: has ``speculators_model_type`` (``"eagle3"``); the layer config is
-  ``transformer_layer_config``, weights ``layers.0.*``; gives the default k and the verifier.
+* ``speculators``: has ``speculators_model_type`` (``"eagle3"``, or ``"peagle"`` for a parallel
+  drafter); the layer config is ``transformer_layer_config``, weights ``layers.0.*``; gives the default
+  k and the verifier.
 * ``eagle3`` (SafeAILab / SpecForge): has ``draft_vocab_size``; weights ``midlayer.*``.
 * ``mtp``: has ``num_nextn_predict_layers`` (DeepSeek): MTP layer i is decoder layer N + i
   (``model.layers.{N+i}.*``), in the target's own folder or a separate one with the same names.
@@ -19,6 +20,12 @@ Config keys eyas defines, writes, and reads:
   absent = all full attention.
 * ``mtp_gemma_norm``: true when the MTP layers' RMSNorm weights ``w`` scale by ``(1 + w)``
   (Gemma style); eyas adds 1 when reading and subtracts it when writing.
+
+* ``parallel_drafting_depths``: K, the depths a parallel (P-EAGLE) drafter was trained for: it drafts
+  at most K tokens per pass. Its mask token id is read from vLLM's names, first found of
+  ``ptd_token_id``, ``pard_token``, ``mask_token_id`` (speculators' ``peagle`` name); its
+  ``mask_hidden`` tensor ``[1, n_aux * Ht]`` is required. A folder with a mask token id but no depth
+  count, or the other way round, is refused (docs/parallel_drafting.md).
 
 Optional tensors decide what is shared with the target: without ``embed_tokens.weight`` an
 EAGLE drafter shares the target's embedding; without ``shared_head.head.weight`` MTP layers share
@@ -66,6 +73,8 @@ class DrafterSpec:
     hidden_size: int  # the drafter's
     target_hidden_size: int
     num_mtp_layers: int = 0
+    parallel_depths: int = 0  # K of a parallel (P-EAGLE) drafter, 0 for a chain drafter
+    mask_token_id: int = 0  # the token its depths >= 1 are fed (parallel drafters)
 
     @property
     def config_file(self) -> Path:
@@ -103,9 +112,10 @@ def read_drafter_spec(path: str | os.PathLike, target: ModelConfig, method: str 
                          f"(the target vocabulary)")
     proposals = hf.get("speculators_config", {}).get("proposal_methods") or [{}]
     verifier = hf.get("speculators_config", {}).get("verifier", {}).get("name_or_path")
+    depths, mask_token = _parallel_drafting(hf, cfg.vocab_size, config_file)
     return DrafterSpec("eagle3", layout, path, hf, _aux_layer_ids(hf, target.num_layers, config_file),
                        proposals[0].get("speculative_tokens"), verifier, cfg.vocab_size, draft_vocab,
-                       cfg.hidden_size, target_hidden)
+                       cfg.hidden_size, target_hidden, parallel_depths=depths, mask_token_id=mask_token)
 
 
 def load_drafter(path: str | os.PathLike, target: torch.nn.Module, *, dtype: torch.dtype, device: torch.device,
@@ -150,13 +160,36 @@ def layer_config(hf: dict, path: Path) -> ModelConfig:
         attention_bias=hf.get("attention_bias", False), rope_scaling=hf.get("rope_scaling"))
 
 
+MASK_TOKEN_KEYS = ("ptd_token_id", "pard_token", "mask_token_id")  # vLLM's order; speculators writes the last
+
+
+def _parallel_drafting(hf: dict, vocab_size: int, file: Path) -> tuple[int, int]:
+    """(depths K, mask token id) of a parallel drafter's config, (0, 0) for a chain drafter."""
+    key = next((k for k in MASK_TOKEN_KEYS if hf.get(k) is not None), None)
+    depths = hf.get("parallel_drafting_depths")
+    if key is None and depths is None and hf.get("speculators_model_type") != "peagle":
+        return 0, 0
+    if key is None:
+        raise ValueError(f"drafter: a parallel drafter needs its mask token id: none of {', '.join(MASK_TOKEN_KEYS)} "
+                         f"in {file}")
+    token = hf[key]
+    if isinstance(token, str) and token.isdigit():  # some exports write it as a string
+        token = int(token)
+    if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab_size:
+        raise ValueError(f"drafter: {key} {token!r} in {file} must be a token id in [0, {vocab_size})")
+    if not isinstance(depths, int) or isinstance(depths, bool) or depths < 2:
+        raise ValueError(f"drafter: parallel_drafting_depths {depths!r} in {file} must be the int K >= 2 of depths "
+                         f"the parallel drafter was trained for ({key} marks it as one)")
+    return depths, token
+
+
 def _layout(hf: dict, method: str | None, config_file: Path) -> str:
     if method is not None and method not in LAYOUTS.values():
         raise ValueError(f"drafter: method '{method}' is not one of 'eagle', 'eagle3', 'mtp'")
     if "speculators_model_type" in hf:
-        if hf["speculators_model_type"] != "eagle3":
+        if hf["speculators_model_type"] not in ("eagle3", "peagle"):
             raise ValueError(f"drafter: speculators_model_type '{hf['speculators_model_type']}' in {config_file} "
-                             f"is not supported (supported: 'eagle3')")
+                             f"is not supported (supported: 'eagle3', 'peagle')")
         found = "speculators"
     elif "draft_vocab_size" in hf:
         found = "eagle3"
@@ -245,7 +278,8 @@ def _build_eagle3(spec: DrafterSpec, files: TensorFiles, parts: TargetParts, max
                          f"{files.where['fc.weight']} takes {fc_width} (drafter: {file})")
     return Eagle3Drafter(cfg, parts, target_hidden_size=spec.target_hidden_size,
                          draft_vocab_size=spec.draft_vocab_size, aux_layer_ids=spec.aux_layer_ids,
-                         max_positions=max_positions, own_embedding=own_embedding)
+                         max_positions=max_positions, own_embedding=own_embedding,
+                         parallel_depths=spec.parallel_depths, mask_token_id=spec.mask_token_id)
 
 
 _BUILDERS = {"mtp": _build_mtp, "eagle": _build_eagle1, "eagle3": _build_eagle3}  # method -> network builder

@@ -15,6 +15,11 @@ The layers after the first (``num_hidden_layers`` > 1, as vLLM's EAGLE-3 model r
 SmolLM2-135M on 237k regenerated tokens a second layer gave 1.467 tokens per step at k = 4 against
 one layer's 1.454, at two thirds of the training speed.
 
+Parallel drafting (P-EAGLE, ``parallel_depths`` K > 0): depth 0 is the step above over the target's aux
+states; depth d = 1 .. K-1 is a row at position ``anchor + d`` fed the mask token and ``mask_hidden``
+``[1, n_aux * Ht]`` (a learned stand-in for the aux states, through the same ``fc``), predicting the token
+d places after depth 0's. All depths run in one forward; ``eyas.spec.speculator`` lays them out.
+
 The aux states are concatenated in ascending layer order, as the target's
 ``ModelOutput.aux_hidden.flatten(1)`` lays them out.
 """
@@ -57,8 +62,13 @@ class Eagle3Drafter(Drafter):
     target_hidden = "aux"
 
     def __init__(self, cfg: ModelConfig, target: TargetParts, *, target_hidden_size: int, draft_vocab_size: int,
-                 aux_layer_ids: tuple[int, ...], max_positions: int, own_embedding: bool):
+                 aux_layer_ids: tuple[int, ...], max_positions: int, own_embedding: bool,
+                 parallel_depths: int = 0, mask_token_id: int = 0):
         super().__init__(target, cfg.vocab_size, shares_target_head=False)
+        self.parallel_depths = parallel_depths
+        self.mask_token_id = mask_token_id  # the token id fed at depths >= 1 (parallel drafters only)
+        if parallel_depths:
+            self.mask_hidden = nn.Parameter(torch.zeros(1, len(aux_layer_ids) * target_hidden_size))  # [1, n_aux*Ht]
         self.config = cfg
         self.aux_layer_ids = tuple(sorted(aux_layer_ids))
         self.target_hidden_size = target_hidden_size
@@ -95,6 +105,11 @@ class Eagle3Drafter(Drafter):
         for layer in self.later_layers:
             h = layer(h, cos, sin)
         return self.norm(h), h
+
+    def mask_inputs(self, num_rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The inputs of ``num_rows`` mask rows: token ids [n] and step-0 hidden [n, n_aux * Ht]."""
+        ids = torch.full((num_rows,), self.mask_token_id, dtype=torch.int64, device=device)
+        return ids, self.mask_hidden.expand(num_rows, -1)
 
     def compute_logits(self, step: int, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [T, H] (normed) -> float32 logits [T, V]; target ids outside the draft vocabulary get -inf."""

@@ -42,6 +42,8 @@ def save_drafter(drafter: Drafter, folder: str | os.PathLike, layout: str | None
             "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": drafter.draft_vocab_size,
             "target_hidden_size": drafter.target_hidden_size, "aux_layer_convention": "vllm",
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(drafter.aux_layer_ids)}}
+        if drafter.parallel_depths:  # vLLM's name for the mask token, and eyas's depth count
+            config |= {"ptd_token_id": drafter.mask_token_id, "parallel_drafting_depths": drafter.parallel_depths}
     elif layout == "eagle":
         config = _llama_config(cfg, num_layers=1) | {"bias": drafter.fc.bias is not None}
     else:
@@ -78,15 +80,18 @@ def _speculators_config(drafter, verifier, verifier_architectures, num_speculati
     proposal = {"proposal_type": "greedy"}
     if num_speculative_tokens is not None:
         proposal["speculative_tokens"] = num_speculative_tokens
-    return {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-            "transformer_layer_config": _llama_config(drafter.config, num_layers=drafter.config.num_layers),
-            "draft_vocab_size": drafter.draft_vocab_size, "target_hidden_size": drafter.target_hidden_size,
-            "eagle_aux_hidden_state_layer_ids": list(drafter.aux_layer_ids), "aux_layer_convention": "vllm",
-            "norm_before_residual": False,
-            "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
-                                   "proposal_methods": [proposal],
-                                   "verifier": {"name_or_path": verifier,
-                                                "architectures": list(verifier_architectures)}}}
+    parallel = {"mask_token_id": drafter.mask_token_id, "parallel_drafting_depths": drafter.parallel_depths} \
+        if drafter.parallel_depths else {}
+    kind = "peagle" if parallel else "eagle3"  # speculators' name of a parallel EAGLE-3 drafter
+    return parallel | {
+        "architectures": ["Eagle3Speculator"], "speculators_model_type": kind,
+        "transformer_layer_config": _llama_config(drafter.config, num_layers=drafter.config.num_layers),
+        "draft_vocab_size": drafter.draft_vocab_size, "target_hidden_size": drafter.target_hidden_size,
+        "eagle_aux_hidden_state_layer_ids": list(drafter.aux_layer_ids), "aux_layer_convention": "vllm",
+        "norm_before_residual": False,
+        "speculators_config": {"algorithm": kind, "default_proposal_method": "greedy",
+                               "proposal_methods": [proposal],
+                               "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures)}}}
 
 
 def _mtp_config(drafter, gemma_norms: bool) -> dict:
