@@ -15,6 +15,7 @@ from eyas.engine.engine import Engine
 from eyas.engine.outputs import RequestOutput
 from eyas.model.resolve import gguf_file, resolve_model
 from eyas.model.tokenizer import Tokenizer
+from eyas.model.weight_policy import resolve_matmul_precision, resolve_quantization
 from eyas.sampling.defaults import sampling_defaults
 from eyas.sampling.params import SamplingParams
 from eyas.spec.config import SpeculativeConfig
@@ -83,8 +84,8 @@ class LLM:
         if dev.type == "cpu":
             kernels.prebuild()  # before the first kernel is loaded (resolve_quantization), side by side
         max_len = max_model_len_for(model_config, max_model_len)
-        quantization, why = EngineConfig.resolve_quantization(quantization, model_config, dev, dtype)
-        matmul_precision, products = EngineConfig.resolve_matmul_precision(matmul_precision, quantization)
+        quantization, why = resolve_quantization(quantization, model_config, dev, dtype)
+        matmul_precision, products = resolve_matmul_precision(matmul_precision, quantization)
         logger.info("weights: %s (%s)%s", quantization or "engine dtype", why,
                     f"; matmul precision {matmul_precision}: {products}" if quantization is not None else "")
         config = EngineConfig(

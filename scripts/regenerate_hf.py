@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 import transformers
-from eyas.data.sharegpt import conversations
 
+from eyas.data.sharegpt import conversations
 from eyas.model.tokenizer import Tokenizer
 
 

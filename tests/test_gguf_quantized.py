@@ -16,10 +16,11 @@ from test_gguf import TINY_TOKENS, add_tiny_tokenizer
 from test_quant_kernels import NEEDS_MEDIUM, PRECISIONS, random_weight
 
 from eyas import LLM, SamplingParams
-from eyas.config import BF16_PRODUCTS_MIN_RATIO, EngineConfig, ModelConfig
+from eyas.config import ModelConfig
 from eyas.model import quantized as Q
 from eyas.model.gguf import convert_gguf
 from eyas.model.loader import load_model
+from eyas.model.weight_policy import BF16_PRODUCTS_MIN_RATIO, resolve_matmul_precision, resolve_quantization
 
 pytestmark = pytest.mark.skipif(not Q.kernel_available(), reason="no C compiler: the quantized kernel cannot be built")
 
@@ -194,7 +195,7 @@ def test_unsupported_block_format_is_refused_by_name(tmp_path):
 
     with pytest.raises(ValueError, match=r"is in Q5_0, .*supported: F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K"):
         quantized_weights(path, folder)
-    choice, why = EngineConfig.resolve_quantization("auto", ModelConfig.from_folder(folder, path), torch.device("cpu"))
+    choice, why = resolve_quantization("auto", ModelConfig.from_folder(folder, path), torch.device("cpu"))
     assert choice is None and "holds Q5_0" in why
 
 
@@ -202,17 +203,17 @@ def test_quantization_choice(tmp_path):
     path = write_quantized_gguf(tmp_path / "q.gguf")
     gguf_cfg = ModelConfig.from_folder(convert_gguf(path, tmp_path / "hf"), path)
     cpu = torch.device("cpu")
-    assert EngineConfig.resolve_quantization("auto", gguf_cfg, cpu)[0] == "gguf"
-    assert EngineConfig.resolve_quantization(None, gguf_cfg, cpu)[0] is None
+    assert resolve_quantization("auto", gguf_cfg, cpu)[0] == "gguf"
+    assert resolve_quantization(None, gguf_cfg, cpu)[0] is None
     hf_cfg = ModelConfig.from_folder(tmp_path / "hf")  # the same folder, not known to come from a GGUF
-    assert EngineConfig.resolve_quantization("int8", hf_cfg, cpu)[0] == "int8"
-    assert EngineConfig.resolve_quantization("bf16", hf_cfg, cpu)[0] == "bf16"
+    assert resolve_quantization("int8", hf_cfg, cpu)[0] == "int8"
+    assert resolve_quantization("bf16", hf_cfg, cpu)[0] == "bf16"
     with pytest.raises(ValueError, match="'gguf' needs a model loaded from a .gguf file"):
-        EngineConfig.resolve_quantization("gguf", hf_cfg, cpu)
+        resolve_quantization("gguf", hf_cfg, cpu)
     with pytest.raises(ValueError, match="quantization: 'q3' is not one of"):
-        EngineConfig.resolve_quantization("q3", hf_cfg, cpu)
+        resolve_quantization("q3", hf_cfg, cpu)
     with pytest.raises(ValueError, match="runs on the CPU"):
-        EngineConfig.resolve_quantization("int8", hf_cfg, torch.device("cuda"))
+        resolve_quantization("int8", hf_cfg, torch.device("cuda"))
 
 
 @pytest.mark.parametrize("flags,dtype,expected,why", [
@@ -229,48 +230,48 @@ def test_an_hf_folder_gets_bf16_weights_only_where_the_cpu_has_native_bf16(tmp_p
     monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset(flags))
     path = write_quantized_gguf(tmp_path / "q.gguf")
     hf_cfg = ModelConfig.from_folder(convert_gguf(path, tmp_path / "hf"))  # not known to come from a GGUF
-    choice, reason = EngineConfig.resolve_quantization("auto", hf_cfg, torch.device("cpu"), dtype)
+    choice, reason = resolve_quantization("auto", hf_cfg, torch.device("cpu"), dtype)
     assert choice == expected and why in reason
-    assert EngineConfig.resolve_quantization("auto", hf_cfg, torch.device("cuda"), dtype)[0] is None
+    assert resolve_quantization("auto", hf_cfg, torch.device("cuda"), dtype)[0] is None
     odd = dataclasses.replace(hf_cfg, intermediate_size=FFN + 16)  # a matrix 528 weights wide
-    choice, reason = EngineConfig.resolve_quantization("auto", odd, torch.device("cpu"), dtype)
+    choice, reason = resolve_quantization("auto", odd, torch.device("cpu"), dtype)
     assert choice is None and (expected is None or "matrices 528 wide" in reason)
     with pytest.raises(ValueError, match="'bf16' computes rows of 32 weights, .* has matrices 528 wide"):
-        EngineConfig.resolve_quantization("bf16", odd, torch.device("cpu"))
+        resolve_quantization("bf16", odd, torch.device("cpu"))
 
 
 def test_matmul_precision_medium_is_refused_where_it_cannot_run_and_auto_takes_highest_there(monkeypatch):
     from eyas import kernels
 
     with pytest.raises(ValueError, match="matmul_precision: 'lowest' is not one of 'auto', 'highest', 'medium', 'low'"):
-        EngineConfig.resolve_matmul_precision("lowest", "gguf")
+        resolve_matmul_precision("lowest", "gguf")
     with pytest.raises(ValueError, match=r"'medium' applies to eyas's CPU kernels, .*\(quantization None\)"):
-        EngineConfig.resolve_matmul_precision("medium", None)
-    assert EngineConfig.resolve_matmul_precision("highest", None)[0] == "highest"
-    assert EngineConfig.resolve_matmul_precision("auto", None) == ("highest", "the weights run in the engine dtype")
+        resolve_matmul_precision("medium", None)
+    assert resolve_matmul_precision("highest", None)[0] == "highest"
+    assert resolve_matmul_precision("auto", None) == ("highest", "the weights run in the engine dtype")
     expected = "medium" if Q.kernel_available("medium") and kernels.bf16_mac_ratio() >= BF16_PRODUCTS_MIN_RATIO \
         else "highest"
-    assert EngineConfig.resolve_matmul_precision("auto", "gguf")[0] == expected
+    assert resolve_matmul_precision("auto", "gguf")[0] == expected
     if Q.kernel_available("medium"):  # bf16 dot products slower than FMAs (as measured on Sapphire Rapids): highest
         with monkeypatch.context() as m:
             m.setattr(kernels, "bf16_mac_ratio", lambda: 0.5)
-            precision, why = EngineConfig.resolve_matmul_precision("auto", "bf16")
+            precision, why = resolve_matmul_precision("auto", "bf16")
             assert precision == "highest" and "do 0.50x the multiply-adds" in why
     monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw",
                                                                   "avx512vl"}))
     kernels.supported_isas.cache_clear()
     try:
         with pytest.raises(ValueError, match=r"'medium' needs a CPU with AVX512-BF16 \(avx512_bf16: no\)"):
-            EngineConfig.resolve_matmul_precision("medium", "gguf")
-        assert EngineConfig.resolve_matmul_precision("auto", "gguf") == (
+            resolve_matmul_precision("medium", "gguf")
+        assert resolve_matmul_precision("auto", "gguf") == (
             "highest", "float32 products: this CPU has no AVX512-BF16")
     finally:
         kernels.supported_isas.cache_clear()
     if "avx2" in kernels.supported_isas() and "avx512_bf16" in kernels.cpu_flags():
         monkeypatch.setenv("EYAS_CPU_ISA", "avx2")  # a lesser build forced: no bf16 products either
         with pytest.raises(ValueError, match=r"avx512_bf16: yes\), eyas's AVX512 kernel build"):
-            EngineConfig.resolve_matmul_precision("medium", "int8")
-        precision, why = EngineConfig.resolve_matmul_precision("auto", "int8")
+            resolve_matmul_precision("medium", "int8")
+        precision, why = resolve_matmul_precision("auto", "int8")
         assert precision == "highest" and "EYAS_CPU_ISA" in why
 
 
@@ -290,12 +291,12 @@ def test_without_a_compiler_auto_falls_back_and_gguf_is_refused(tmp_path, monkey
     path = write_quantized_gguf(tmp_path / "q.gguf")
     cfg = ModelConfig.from_folder(convert_gguf(path, tmp_path / "hf"), path)
     with without_c_compiler(monkeypatch, tmp_path, Q._kernel):
-        choice, why = EngineConfig.resolve_quantization("auto", cfg, torch.device("cpu"))
+        choice, why = resolve_quantization("auto", cfg, torch.device("cpu"))
         assert choice is None and "could not be built" in why
         with pytest.raises(ValueError, match="needs eyas's quantized CPU kernel, which could not be built"):
-            EngineConfig.resolve_quantization("gguf", cfg, torch.device("cpu"))
+            resolve_quantization("gguf", cfg, torch.device("cpu"))
         with pytest.raises(ValueError, match="'medium' needs a CPU with AVX512-BF16 .* and a C compiler"):
-            EngineConfig.resolve_matmul_precision("medium", "gguf")
+            resolve_matmul_precision("medium", "gguf")
 
 
 @pytest.mark.parametrize("precision", [*PRECISIONS, "low"])

@@ -11,8 +11,8 @@ import torch
 from test_quant_kernels import random_weight
 
 from eyas import kernels
-from eyas.config import EngineConfig
 from eyas.model import quantized as Q
+from eyas.model.weight_policy import resolve_matmul_precision
 
 pytestmark = pytest.mark.skipif(not Q.kernel_available("low"), reason="no C compiler: the q8 kernel cannot be built")
 
@@ -158,8 +158,8 @@ def test_quantized_activations_equal_the_definition():
 
 
 def test_low_precision_is_resolved_at_the_edge():
-    assert EngineConfig.resolve_matmul_precision("low", "gguf")[0] == "low"
+    assert resolve_matmul_precision("low", "gguf")[0] == "low"
     with pytest.raises(ValueError, match="'low' applies to eyas's CPU kernels"):
-        EngineConfig.resolve_matmul_precision("low", None)
+        resolve_matmul_precision("low", None)
     with pytest.raises(ValueError, match="matmul_precision: 'lowest' is not one of 'auto', 'highest', 'medium', 'low'"):
-        EngineConfig.resolve_matmul_precision("lowest", "gguf")
+        resolve_matmul_precision("lowest", "gguf")
