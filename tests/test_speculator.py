@@ -265,7 +265,7 @@ def test_speculators_folder_as_the_model_names_target_and_k(drafters):
     llm = LLM(drafters.folders["eagle3_speculators"], dtype="float32", max_model_len=256, kv_cache_gb=0.05)
     spec = llm.engine.config.speculative
     assert llm.engine.config.model.path == Path(drafters.target)
-    assert (spec.method, spec.model, spec.num_speculative_tokens) == ("eagle3", drafters.folders["eagle3_speculators"], K)
+    assert (spec.method, spec.options.model, spec.num_speculative_tokens) == ("eagle3", drafters.folders["eagle3_speculators"], K)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     plain = LLM(str(drafters.target), dtype="float32", max_model_len=256, kv_cache_gb=0.05)
     prompt = _prompts(1)
