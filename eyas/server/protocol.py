@@ -16,7 +16,7 @@ vLLM 0.12 on) and vLLM's older ``guided_json``, ``guided_regex``, ``guided_choic
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -137,14 +137,16 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list | None = None  # assistant: [{"id", "type": "function", "function": {"name", "arguments"}}]
+    tool_call_id: str | None = None  # tool: the call it answers
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
         parts = []
         for part in self.content:
-            if part.type != "text":
-                raise ValueError(f"messages: content part type '{part.type}' is not supported (text only)")
+            if part.type not in ("text", "input_text", "output_text"):
+                raise ValueError(f"content part type '{part.type}' is not supported (text only)")
             parts.append(part.text or "")
         return "".join(parts)
 
@@ -156,14 +158,31 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
-    tools: list | None = None
+    continue_final_message: bool = False  # the reply continues the last (assistant) message: a prefill
+    tools: Any = None  # checked by eyas.tools.ToolRequest, whose errors name the field inside it
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
 
     def conversation(self) -> list[dict]:
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+        """The messages as dicts for ``eyas.tools.render``, which checks their tool fields."""
+        out = []
+        for i, m in enumerate(self.messages):
+            try:
+                entry = {"role": m.role, "content": m.text()}
+            except ValueError as error:
+                raise ValueError(f"messages[{i}].content: {error}") from None
+            for field in ("tool_calls", "tool_call_id"):
+                if getattr(m, field) is not None:
+                    entry[field] = getattr(m, field)
+            out.append(entry)
+        return out
 
 
 # fields of the OpenAI API eyas does not implement: refused by name instead of silently ignored
 UNSUPPORTED = {
     CompletionRequest: {"suffix": "suffix (insertion) is not supported", "best_of": "best_of is not supported; use n"},
-    ChatCompletionRequest: {"tools": "tool calling is not supported"},
+    ChatCompletionRequest: {"functions": "the deprecated functions API is not supported; send tools",
+                            "function_call": "the deprecated functions API is not supported; send tool_choice"},
 }
