@@ -53,8 +53,8 @@ class ToolRequest:
             if tool_choice not in (None, "none"):
                 raise ValueError(f"tool_choice: {tool_choice!r} needs tools; send tools or leave tool_choice out")
             return None
-        if not isinstance(tools, list):
-            raise ValueError(f"tools: must be a list of function tools, not {type(tools).__name__}")
+        if not isinstance(tools, list) or not tools:
+            raise ValueError(f"tools: must be a non-empty list of function tools (or left out), not {tools!r:.80}")
         parsed = tuple(_tool(t, f"tools[{i}]") for i, t in enumerate(tools))
         names = [t.name for t in parsed]
         for i, name in enumerate(names):
@@ -63,8 +63,6 @@ class ToolRequest:
         if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
             raise ValueError(f"parallel_tool_calls: {parallel_tool_calls!r} must be true or false")
         choice, named = _choice(tool_choice, names)
-        if not parsed and choice != "none":
-            raise ValueError(f"tools: is empty, so tool_choice {choice!r} has nothing to call; give at least one tool")
         return cls(parsed, choice, named, True if parallel_tool_calls is None else parallel_tool_calls)
 
 
@@ -101,7 +99,7 @@ def _tool(value, where: str) -> Tool:
 
 def _choice(value, names: list[str]) -> tuple[str, str | None]:
     if value is None:
-        return ("auto" if names else "none"), None
+        return "auto", None
     if isinstance(value, str):
         if value not in CHOICES:
             raise ValueError(f"tool_choice: {value!r} is not one of {', '.join(CHOICES)} or a named function")
