@@ -89,21 +89,26 @@ class _Sampling(BaseModel):
                 raise ValueError(f"structured_outputs: {unknown} not supported; give one of json, json_object, regex, "
                                  f"choice, grammar")
             return dict(value)
-        kind = value.get("type")
-        if kind == "text":
-            return None
-        if kind == "json_object":
-            return {"json_object": True}
-        if kind == "json_schema":
-            schema = (value.get("json_schema") or {}).get("schema")
-            if schema is None:
-                raise ValueError("response_format: type json_schema needs json_schema.schema (the JSON schema)")
-            return {"json": schema}
-        raise ValueError(f"response_format: type {kind!r} is not one of 'text', 'json_object', 'json_schema'")
+        return format_output(value.get("type"), (value.get("json_schema") or {}).get("schema"), "response_format",
+                             "json_schema.schema")
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+
+def format_output(kind, schema, field: str, schema_field: str) -> dict | None:
+    """An OpenAI output format (``response_format``, the Responses API's ``text.format``) as
+    ``SamplingParams.structured_output``; ValueError naming ``field``."""
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        if schema is None:
+            raise ValueError(f"{field}: type json_schema needs {schema_field} (the JSON schema)")
+        return {"json": schema}
+    raise ValueError(f"{field}: type {kind!r} is not one of 'text', 'json_object', 'json_schema'")
 
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}

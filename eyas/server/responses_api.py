@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import ConfigDict
 
 from eyas.engine.outputs import CompletionOutput, RequestOutput
-from eyas.server.protocol import _Sampling
+from eyas.server.protocol import _Sampling, format_output
 from eyas.server.tool_stream import call_id
 from eyas.tools import ToolRequest, parse_reply
 
@@ -68,16 +68,7 @@ class ResponsesRequest(_Sampling):
     def structured_output(self) -> dict | None:
         """``text.format`` as ``SamplingParams.structured_output``; ValueError naming ``text``."""
         fmt = (self.text or {}).get("format") or {"type": "text"}
-        kind = fmt.get("type")
-        if kind == "text":
-            return None
-        if kind == "json_object":
-            return {"json_object": True}
-        if kind == "json_schema":
-            if fmt.get("schema") is None:
-                raise ValueError("text: format type json_schema needs format.schema (the JSON schema)")
-            return {"json": fmt["schema"]}
-        raise ValueError(f"text: format type {kind!r} is not one of 'text', 'json_object', 'json_schema'")
+        return format_output(fmt.get("type"), fmt.get("schema"), "text", "format.schema")
 
 
 def _text(content, where: str) -> str:
