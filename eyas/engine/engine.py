@@ -147,6 +147,8 @@ class Engine:
         self.num_preemptions += len(plan.preempted)
         for request_id in plan.preempted:
             self.runner.forget(request_id)
+        for request_id, (first, entries) in result.prompt_logprobs.items():
+            self.outputs.add_prompt_logprobs(request_id, first, entries)
         outputs: dict[str, RequestOutput] = {}  # by request id: one (the latest) per n > 1 parent
         for request in changed:
             if self.outputs.update(request, result.logprobs.get(request.request_id)):

@@ -47,3 +47,5 @@ class RequestOutput:
     num_cached_tokens: int = 0
     spec_metrics: dict = field(default_factory=dict)
     hidden_states_path: str | None = None  # extract_hidden_states: the request's safetensors file
+    # SamplingParams.prompt_logprobs: per prompt token {token id: logprob} (its own and the top-n); token 0 None
+    prompt_logprobs: list[dict[int, float] | None] | None = None

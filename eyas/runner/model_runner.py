@@ -32,6 +32,7 @@ from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.model.llama import ModelOutput
 from eyas.model.loader import load_model
 from eyas.runner.cuda_graphs import UniformLayout, engine_graphs
+from eyas.runner.prompt_logprobs import PromptLogprobs, prompt_logprobs
 from eyas.sampling.grammar_masks import GrammarMasks, GrammarTimings, MaskFiller, PendingMasks
 from eyas.sampling.penalties import penalize
 from eyas.sampling.rejection import VerifyResult, greedy_verify, rejection_sample, shared_noise_verify
@@ -47,6 +48,7 @@ class RunnerOutput:
     logprobs: dict[str, list[dict[int, float]]]  # request id -> per emitted token {token id: logprob}
     drafts: dict[str, list[int]]  # request id -> draft tokens proposed for the next step
     forced: dict[str, list[bool]] = field(default_factory=dict)  # request id -> per draft: forced by its grammar
+    prompt_logprobs: PromptLogprobs = field(default_factory=dict)  # request id -> (first token index, per token)
 
 
 @dataclass
@@ -138,11 +140,12 @@ class ModelRunner:
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
         pending = self._start_masks([e for e in plan.scheduled if e.samples])  # overlaps the forward
         out, inputs = self.forward(plan)
+        prompt_lp = prompt_logprobs(self.model.compute_logits, out.hidden, plan.scheduled, inputs.query_start_loc)
         if not inputs.sample_rows:
             if self.proposer:  # a drafter with its own cache still sees every prompt chunk
                 self._propose(plan, inputs, out, [], VerifyResult(torch.zeros(0, 1, dtype=torch.int64),
                                                                   torch.zeros(0, dtype=torch.int64)))
-            return RunnerOutput({}, {}, {}, {})
+            return RunnerOutput({}, {}, {}, {}, prompt_logprobs=prompt_lp)
         entries = [plan.scheduled[i] for i in inputs.sample_rows]
         k = max(len(e.draft_token_ids) for e in entries)
         num_drafts = torch.tensor([len(e.draft_token_ids) for e in entries], dtype=torch.int64)
@@ -166,7 +169,7 @@ class ModelRunner:
         sampled = {i: emitted[r][:counts[r]] for r, i in enumerate(ids)}
         proposals, forced = self._collect(entries, proposal) if proposal is not None else ({}, {})
         return RunnerOutput(sampled, dict(zip(ids, num_drafts.tolist())),
-                            self._logprobs(entries, logits, pad, emitted, counts), proposals, forced)
+                            self._logprobs(entries, logits, pad, emitted, counts), proposals, forced, prompt_lp)
 
     def _start_masks(self, entries: list[ScheduledRequest]) -> PendingMasks | None:
         """Start the grammar masks of the sampling requests' verify rows (request r owns rows

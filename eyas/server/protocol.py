@@ -57,7 +57,8 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
 
-    def sampling_params(self, defaults: dict, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, defaults: dict, max_tokens: int, logprobs: int | None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
         """``defaults``: the model's sampling defaults; ``max_tokens``: already resolved. ValueError names the field."""
         def pick(name: str, api_default):
             value = getattr(self, name)
@@ -67,6 +68,7 @@ class _Sampling(BaseModel):
             n=self.n, temperature=pick("temperature", 1.0), top_p=pick("top_p", 1.0), top_k=pick("top_k", 0),
             min_p=pick("min_p", 0.0), max_tokens=max_tokens, min_tokens=self.min_tokens, seed=self.seed,
             stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens, speculate=self.speculate,
             presence_penalty=pick("presence_penalty", 0.0), frequency_penalty=pick("frequency_penalty", 0.0),
             repetition_penalty=pick("repetition_penalty", 1.0), logit_bias=self.logit_bias,

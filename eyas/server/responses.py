@@ -86,6 +86,17 @@ class Formatter:
                                  for e in entries],
                 "text_offset": offsets}
 
+    def _with_prompt(self, out: RequestOutput, logprobs: dict, top: int) -> dict:
+        """A completion's logprobs after its echoed prompt's (``echo`` with ``logprobs``): the first prompt
+        token has none (``null``), as in OpenAI's and vLLM's answers."""
+        tokens = [self._token(t) for t in out.prompt_token_ids]
+        offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+        sampled = [None if e is None else e[t] for t, e in zip(out.prompt_token_ids, out.prompt_logprobs)]
+        best = [None if e is None else {self._token(t): lp for t, lp in sorted(e.items(), key=lambda kv: -kv[1])[:top]}
+                for e in out.prompt_logprobs]
+        return {"tokens": tokens + logprobs["tokens"], "token_logprobs": sampled + logprobs["token_logprobs"],
+                "top_logprobs": best + logprobs["top_logprobs"], "text_offset": offsets + logprobs["text_offset"]}
+
     # -- whole responses -------------------------------------------------------------------------------
     def response(self, outputs: list[RequestOutput], n: int, top: int, echo: list[str] | None = None,
                  tools: ToolRequest | None = None) -> dict:
@@ -103,6 +114,8 @@ class Formatter:
                     text = (echo[i] if echo else "") + completion.text
                     if logprobs is not None and echo:
                         logprobs["text_offset"] = [o + len(echo[i]) for o in logprobs["text_offset"]]
+                        if out.prompt_logprobs is not None:
+                            logprobs = self._with_prompt(out, logprobs, top)
                     choice = {"index": index, "text": text, "logprobs": logprobs,
                               "finish_reason": completion.finish_reason}
                 choices.append(choice)

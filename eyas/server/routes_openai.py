@@ -48,8 +48,10 @@ def router(service: Service) -> APIRouter:
             raise ApiError(400, "prompt: is empty; give a string, a list of strings or token ids", "prompt")
         top = body.logprobs or 0
         request_id = f"cmpl-{uuid.uuid4().hex}"
+        prompt_logprobs = body.logprobs if body.echo and not body.stream else None  # the echoed prompt's logprobs
         queues = await service.submit_all(request_id, prompts, lambda length: body.sampling_params(
-            service.defaults, service.resolve_max_tokens(body.max_tokens, length, "max_tokens"), body.logprobs))
+            service.defaults, service.resolve_max_tokens(body.max_tokens, length, "max_tokens"), body.logprobs,
+            prompt_logprobs))
         fmt = service.formatter(request_id, chat=False)
         echo = [text if text is not None else tokenizer.decode(ids, skip_special_tokens=False)
                 for ids, text in prompts] if body.echo else None
