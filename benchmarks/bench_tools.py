@@ -41,7 +41,7 @@ from eyas.tools.render import render_chat
 CONFIGS = {
     "none": None,
     "ngram": {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2},
-    "eagle3": {"method": "eagle3", "num_speculative_tokens": 4},
+    "eagle3": {"method": "eagle3"},  # the shipped drafter at its own k
 }
 
 
