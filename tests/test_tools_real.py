@@ -174,3 +174,21 @@ def test_arguments_validate_and_speculation_is_lossless_with_forced_drafts_accep
         stats = llm.stats()
         assert stats["num_forced"] == stats["num_forced_accepted"] > 0, (spec, stats)
         assert stats["num_forced_accepted"] >= stats["num_accepted"] // 4, (spec, stats)
+
+
+def test_seeded_tool_calls_are_identical_under_shared_noise_speculation():
+    """Seeded sampling under the lazy ("auto") and the strict ("required") grammar: token-identical with
+    shared-noise verification, forced drafts included."""
+    params = SamplingParams(temperature=0.8, seed=11, max_tokens=64)
+    conversations = [_messages(p) for p in PROMPTS[:2]]
+    ask = dict(use_tqdm=False, tools=TOOLS, parallel_tool_calls=False)
+    plain = LLM(max_num_seqs=2, max_model_len=1024)
+    want = {c: [o.outputs[0].token_ids for o in plain.chat(conversations, params, tool_choice=c, **ask)]
+            for c in ("auto", "required")}
+    del plain
+    spec = LLM(max_num_seqs=2, max_model_len=1024, speculative_config={
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "verification": "shared_noise"})
+    for choice, tokens in want.items():
+        assert [o.outputs[0].token_ids for o in spec.chat(conversations, params, tool_choice=choice, **ask)] == tokens
+    stats = spec.stats()
+    assert stats["num_forced"] == stats["num_forced_accepted"] > 0, stats
