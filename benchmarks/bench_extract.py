@@ -35,8 +35,8 @@ import torch
 from eyas import LLM, SamplingParams
 from eyas.config import ModelConfig
 from eyas.data.chat import build_loss_mask
-from eyas.data.extract import default_layer_ids
 from eyas.data.sharegpt import iter_sharegpt
+from eyas.jobs.extract import default_layer_ids
 from eyas.model.resolve import resolve_model
 
 

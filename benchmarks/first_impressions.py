@@ -1,7 +1,7 @@
 """Does the built-in model loop? Its answers to a few everyday chat prompts under candidate sampling
 defaults: how many loop (a 4-word sequence said 3 times or more) and how many run to max_tokens.
 
-This is how eyas chose the built-in model's defaults (eyas.model.resolve.BUILT_IN_SAMPLING): the
+This is how eyas chose the built-in model's defaults (eyas.sampling.defaults.BUILT_IN_SAMPLING): the
 model card's temperature 0.2 and top_p 0.9, plus the mildest repetition penalty that stops loops.
 
     python benchmarks/first_impressions.py [--seeds 4] [--penalties 1.0,1.05,1.1,1.2]

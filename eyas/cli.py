@@ -285,7 +285,7 @@ def _reply_sampling_args(p, prefix: str = "") -> None:
 
 
 def cmd_extract(args) -> int:
-    from eyas.data.extract import run_extract
+    from eyas.jobs.extract import run_extract
 
     manifest = run_extract(args.data, args.out, model=args.model, layers=args.layers, regenerate=args.regenerate,
                            max_samples=args.max_samples, max_len=args.max_len,
@@ -298,7 +298,7 @@ def cmd_extract(args) -> int:
 
 
 def cmd_regenerate(args) -> int:
-    from eyas.data.regenerate import run_regenerate
+    from eyas.jobs.regenerate import run_regenerate
 
     counts = run_regenerate(args.data, args.out, model=args.model, max_samples=args.max_samples,
                             max_turns=args.max_turns, max_tokens=args.max_tokens, max_len=args.max_len,

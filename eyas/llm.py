@@ -13,8 +13,9 @@ from eyas import kernels
 from eyas.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, max_model_len_for
 from eyas.engine.engine import Engine
 from eyas.engine.outputs import RequestOutput
-from eyas.model.resolve import gguf_file, resolve_model, sampling_defaults
+from eyas.model.resolve import gguf_file, resolve_model
 from eyas.model.tokenizer import Tokenizer
+from eyas.sampling.defaults import sampling_defaults
 from eyas.sampling.params import SamplingParams
 from eyas.spec.config import SpeculativeConfig
 from eyas.spec.speculator import speculators_redirect

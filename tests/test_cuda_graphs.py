@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from eyas import LLM, SamplingParams
-from eyas.runner.cuda_graphs import StepGraphs, batch_size_ladder
+from eyas.model.cuda_graphs import StepGraphs, batch_size_ladder
 
 
 def test_ladder_covers_the_largest_batch_with_little_padding():

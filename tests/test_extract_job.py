@@ -16,8 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eyas.data.extract import run_extract
 from eyas.data.manifest import Journal, mask_to_runs, runs_to_mask
+from eyas.jobs.extract import run_extract
 
 WORDS = "the falcon flies over a hill and sees the river shining under morning light".split()
 
@@ -233,7 +233,7 @@ def test_regenerate_sampled_draws_each_reply_with_its_own_seed(tiny_models, tmp_
     conversation i with seed ``seed * 2**32 + i * ROUNDS + t`` (as `eyas regenerate` draws them), so the dumps
     equal the engine's own sampled replies under those seeds whatever the chunking; greedy ones differ."""
     from eyas import LLM, SamplingParams
-    from eyas.data.regenerate import ROUNDS
+    from eyas.jobs.regenerate import ROUNDS
 
     data = tmp_path / "chats.jsonl"
     chats = [[{"role": "user", "content": f"the falcon {w} flies"}, {"role": "assistant", "content": "old"},

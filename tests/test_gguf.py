@@ -12,9 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from eyas.cache import cache_dir
 from eyas.model.gguf import convert_gguf
 from eyas.model.gguf_layout import MARKER_FILE, unpermute_rope_rows
-from eyas.model.resolve import cache_dir, default_gguf_path, resolve_model
+from eyas.model.resolve import default_gguf_path, resolve_model
 
 transformers = pytest.importorskip("transformers")
 

@@ -5,7 +5,7 @@ import torch
 import transformers
 
 from eyas import LLM, SamplingParams
-from eyas.runner.model_runner import RunnerOutput
+from eyas.core.step import RunnerOutput
 
 
 @torch.inference_mode()
@@ -19,7 +19,7 @@ def _eyas_logits_by_chunks(llm: LLM, token_ids: list[int]) -> torch.Tensor:
         out, _ = engine.runner.forward(plan)
         rows.append(engine.runner.model.compute_logits(out.hidden))
         engine.scheduler.commit(plan, RunnerOutput({"probe": [0]}, {}, {}, {}))
-        if plan.scheduled[0].samples:
+        if plan.scheduled[0].will_sample:
             break
     return torch.cat(rows)
 
@@ -49,7 +49,7 @@ def test_prefill_and_long_cache_decode_logits_match_hf(tiny_models, arch):
         rows.append(engine.runner.model.compute_logits(out.hidden))
         entry = plan.scheduled[0]
         nxt = entry.start + entry.num_new_tokens
-        engine.scheduler.commit(plan, RunnerOutput({"probe": [tokens[nxt]]} if entry.samples else {}, {}, {}, {}))
+        engine.scheduler.commit(plan, RunnerOutput({"probe": [tokens[nxt]]} if entry.will_sample else {}, {}, {}, {}))
     torch.testing.assert_close(torch.cat(rows)[:600].cpu(), ref, rtol=1e-4, atol=1e-4)
 
 
@@ -88,7 +88,7 @@ def test_aux_hidden_states_follow_the_vllm_layer_convention(tiny_models, arch):
         out, _ = engine.runner.forward(plan)
         aux.append(out.aux_hidden)
         last.append(out.hidden)
-        engine.scheduler.commit(plan, RunnerOutput({"probe": [0]} if plan.scheduled[0].samples else {}, {}, {}, {}))
+        engine.scheduler.commit(plan, RunnerOutput({"probe": [0]} if plan.scheduled[0].will_sample else {}, {}, {}, {}))
     aux, last = torch.cat(aux).cpu(), torch.cat(last).cpu()  # [T, 3, H], [T, H]
     # HF's last hidden_states entry is already normed; the pre-norm stream N is checked through its norm
     torch.testing.assert_close(aux[:, 0], ref[0][0], rtol=1e-5, atol=1e-5)

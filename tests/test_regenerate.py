@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from eyas.data.regenerate import run_regenerate
 from eyas.data.sharegpt import iter_sharegpt
+from eyas.jobs.regenerate import run_regenerate
 
 WORDS = "falcon river hill stone wind light morning the a of sees flies over under".split()
 
@@ -177,7 +177,7 @@ def test_sampled_regeneration_is_reproducible_and_resumes_to_the_same_file(tiny_
 def test_a_conversation_with_more_sampled_replies_than_seeds_is_refused(tiny_models, tmp_path, monkeypatch):
     """Conversation i's replies use seeds seed * 2**32 + i * ROUNDS + turn: a conversation past ROUNDS turns would
     reuse the next one's seeds, so it is refused (ROUNDS made 2 here; a real conversation needs 1,025 turns)."""
-    import eyas.data.regenerate as regenerate
+    import eyas.jobs.regenerate as regenerate
 
     monkeypatch.setattr(regenerate, "ROUNDS", 2)
     data = tmp_path / "chats.jsonl"

@@ -298,7 +298,7 @@ def test_processed_logprobs_without_the_c_kernels_equal_them(monkeypatch, tmp_pa
     rounding (the kernels' exp and sums are their own)."""
     from kernel_helpers import without_c_compiler
 
-    from eyas.model import layers
+    from eyas.kernels import token_ops
 
     rng = np.random.default_rng(5)
     n = 40
@@ -306,8 +306,8 @@ def test_processed_logprobs_without_the_c_kernels_equal_them(monkeypatch, tmp_pa
     params = _random_params(rng, n)
     batch = SamplingBatch.from_params(params, list(range(n)), [0] * n, "cpu")
     native = Sampler().processed_logprobs(logits, batch)
-    with without_c_compiler(monkeypatch, tmp_path, layers._token_ops):
-        assert layers._token_ops() is None
+    with without_c_compiler(monkeypatch, tmp_path, token_ops.token_ops):
+        assert token_ops.token_ops() is None
         tensors = Sampler().processed_logprobs(logits, batch)
     assert torch.equal(native.isinf(), tensors.isinf())
     torch.testing.assert_close(native, tensors, rtol=1e-5, atol=1e-5)

@@ -114,10 +114,10 @@ def test_expected_drafts_equal_what_the_next_step_verifies():
     import copy
 
     from eyas.config import SchedulerConfig
-    from eyas.engine.request import Request
+    from eyas.core.request import Request
+    from eyas.core.step import RunnerOutput
     from eyas.engine.scheduler import Scheduler
     from eyas.kv.manager import KVCacheGroupSpec, KVCacheManager
-    from eyas.runner.model_runner import RunnerOutput
     from eyas.spec.adaptive import DraftBudget, Evidence, RowCost
     from eyas.spec.config import SpeculativeConfig
 
@@ -140,7 +140,7 @@ def test_expected_drafts_equal_what_the_next_step_verifies():
     assert scheduler.budgets == budgets
     expected = plan.expected_drafts
     assert set(expected) == {f"r{i}" for i in range(16)}
-    sampled = {e.request.request_id: [8] for e in plan.scheduled if e.samples}
+    sampled = {e.request.request_id: [8] for e in plan.scheduled if e.will_sample}
     scheduler.commit(plan, RunnerOutput(sampled, dict.fromkeys(sampled, 0), {}, {i: [9] * k for i in sampled},
                                         {i: [False] * k for i in sampled}))
     verified = {e.request.request_id: len(e.draft_token_ids) for e in scheduler.schedule().scheduled
@@ -177,7 +177,7 @@ def test_a_request_is_compared_by_identity():
     """Two requests with equal fields are two requests: the scheduler's membership checks compare identities
     (field-by-field equality made a step's walk over the running requests quadratic in the batch: 69.8 -> 24.8
     ms a step at batch 512 on a tiny model, 2 cores)."""
-    from eyas.engine.request import Request
+    from eyas.core.request import Request
 
     a, b = (Request("r", [1, 2], 2, SamplingParams(), seed=0, eos_token_ids=frozenset(), max_total_tokens=16,
                     arrival_time=0.0) for _ in range(2))

@@ -130,7 +130,7 @@ def test_verification_computes_logits_of_verified_positions_only_and_keeps_logpr
     monkeypatch.setattr(runner.model, "compute_logits", lambda hidden: rows.append(len(hidden)) or compute_logits(hidden))
 
     def counting_execute(plan):
-        sampling = [len(e.draft_token_ids) for e in plan.scheduled if e.samples]
+        sampling = [len(e.draft_token_ids) for e in plan.scheduled if e.will_sample]
         if sampling:
             verified.append((len(sampling), sum(sampling), max(sampling)))
         return execute(plan)

@@ -329,7 +329,7 @@ def _mixed_batch():
 def test_graph_layout_run_eagerly_proposes_the_eager_drafts(drafters, case):
     """The padded layout that CUDA graphs replay (batch padded up the ladder, queries to k+1 rows per
     request, block tables to a power of two), run eagerly on the CPU, drafts exactly what the flat path does."""
-    from eyas.runner.cuda_graphs import StepGraphs
+    from eyas.model.cuda_graphs import StepGraphs
 
     prompts, params = _mixed_batch()
     # a row cost (the line c = 0.07) under which 7, 5 and 3 decoding requests draft together in this batch

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from kernel_helpers import without_c_compiler
 
-from eyas.model import layers
+from eyas.kernels import token_ops
 from eyas.model.layers import RMSNorm, RotaryEmbedding, apply_rotary, silu_and_mul
 from eyas.sampling.noise import gumbel
 from eyas.sampling.row_ops import argmax, gumbel_argmax, log_normaliser, log_softmax_above_, top_values
@@ -35,7 +35,7 @@ def _torch_rotary(x, cos, sin):
 
 
 def test_the_kernel_builds_here():
-    assert layers._token_ops() is not None, "the test machine has a C compiler"
+    assert token_ops.token_ops() is not None, "the test machine has a C compiler"
 
 
 @pytest.mark.parametrize("size", [8, 13, 64, 576, 2048])
@@ -218,8 +218,8 @@ def test_autograd_takes_pytorch_ops():
 
 
 def test_without_a_c_compiler_pytorch_ops_serve(monkeypatch, tmp_path):
-    with without_c_compiler(monkeypatch, tmp_path, layers._token_ops):
-        assert layers._token_ops() is None
+    with without_c_compiler(monkeypatch, tmp_path, token_ops.token_ops):
+        assert token_ops.token_ops() is None
         norm = RMSNorm(24, 1e-5)
         x = torch.randn(3, 24)
         cos, sin = RotaryEmbedding(8, 16, 10000.0, None).table(torch.arange(3), torch.float32)

@@ -234,7 +234,7 @@ def _write_chats(path: Path, n: int) -> Path:
 
 def test_online_batches_equal_the_engine_dumps(tmp_path, tiny_models):
     """--online computes the target's states in the loop; they must equal what `eyas extract` dumps."""
-    from eyas.data.extract import run_extract
+    from eyas.jobs.extract import run_extract
     from eyas.model.tokenizer import Tokenizer
     from eyas.train.data import DumpData
     from eyas.train.online import OnlineData
@@ -301,7 +301,7 @@ def test_several_dump_folders_are_one_dataset(tmp_path, tiny_models):
     """--data A B: the samples of both folders in order, their token frequencies summed; folders holding
     other layers are refused by name."""
     from eyas.config import ModelConfig
-    from eyas.data.extract import run_extract
+    from eyas.jobs.extract import run_extract
     from eyas.train.data import DumpData
 
     model = tiny_models["llama"]

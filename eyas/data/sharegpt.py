@@ -175,3 +175,29 @@ def _to_conversation(record: object, fallback_id: str) -> Conversation | None:
         messages.append({"role": role, "content": content})
     record_id = record.get("id")
     return Conversation(id=fallback_id if record_id is None else str(record_id), messages=messages)
+
+
+def conversations(data: str) -> Iterator[Conversation]:
+    return iter_sharegpt(sharegpt_path() if data == "sharegpt" else Path(data))
+
+
+def first_turns(conversation: Conversation, max_turns: int | None) -> Conversation:
+    """The conversation up to the reply to its ``max_turns``-th user turn (all of it for None)."""
+    if max_turns is None:
+        return conversation
+    messages, users = [], 0
+    for message in conversation.messages:
+        if message["role"] == "user":
+            if users == max_turns:
+                break
+            users += 1
+        messages.append(message)
+    return Conversation(conversation.id, messages)
+
+
+def without_leading_replies(conversation: Conversation) -> Conversation:
+    """Drop assistant turns before the first user or system turn: nothing conditions them."""
+    messages = list(conversation.messages)
+    while messages and messages[0]["role"] == "assistant":
+        messages.pop(0)
+    return Conversation(conversation.id, messages)

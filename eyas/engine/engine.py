@@ -8,10 +8,10 @@ import random
 import time
 
 from eyas.config import EngineConfig
+from eyas.core.request import Request, RequestStatus
 from eyas.engine.output_processor import OutputProcessor
 from eyas.engine.outputs import RequestOutput
 from eyas.engine.parallel_sampling import ParentRequest, child_seeds
-from eyas.engine.request import Request, RequestStatus
 from eyas.engine.scheduler import Scheduler
 from eyas.kv.manager import KVCacheManager
 from eyas.model.tokenizer import Tokenizer

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eyas.core.request import Request
 from eyas.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from eyas.engine.request import Request
 from eyas.model.detokenizer import IncrementalDetokenizer
 from eyas.model.tokenizer import Tokenizer
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from eyas.core.metrics import SpecStats
+from eyas.core.request import Request
 from eyas.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from eyas.engine.request import Request
-from eyas.spec.metrics import SpecStats
 
 
 def child_seeds(seed: int | None, n: int, draw) -> list[int]:

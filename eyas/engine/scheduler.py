@@ -16,38 +16,17 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from eyas.config import SchedulerConfig
-from eyas.engine.request import Request, RequestStatus
+from eyas.core.metrics import SpecStats
+from eyas.core.request import Request, RequestStatus
+from eyas.core.step import RunnerOutput, ScheduledRequest, SchedulerOutput
 from eyas.kv.manager import KVCacheManager
 from eyas.spec.adaptive import FREE_ROWS, DraftBudget, RowCost, allocate_drafts
-from eyas.spec.metrics import SpecStats
 
 if TYPE_CHECKING:
-    from eyas.runner.model_runner import RunnerOutput
     from eyas.spec.config import SpeculativeConfig
-
-
-@dataclass
-class ScheduledRequest:
-    request: Request
-    start: int  # tokens already in the cache (positions start .. start + num_new_tokens - 1 run now)
-    num_new_tokens: int  # committed tokens fed this step (a prompt chunk, or 1 when decoding)
-    draft_token_ids: list[int]  # proposed tokens verified after the committed ones
-    block_tables: list[list[int]]  # one per KV-cache group (live view of the manager's table)
-    samples: bool  # this step reaches the request's last token, so the target samples a new one
-    draft_forced: list[bool]  # per draft: its grammar admitted that token only (always accepted)
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledRequest]
-    num_tokens: int
-    preempted: list[str]
-    # sampling request id -> drafts the next step would verify for it (``Scheduler._expected_drafts``)
-    expected_drafts: dict[str, int]
 
 
 class Scheduler:
@@ -89,9 +68,9 @@ class Scheduler:
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             if num_new <= 0:
                 continue
-            samples = num_new == request.num_tokens - request.num_computed_tokens
+            will_sample = num_new == request.num_tokens - request.num_computed_tokens
             request_drafts, request_forced = drafts.get(request.request_id, ([], []))
-            lookahead = self.num_lookahead_tokens if samples else 0
+            lookahead = self.num_lookahead_tokens if will_sample else 0
             total = request.num_computed_tokens + num_new + len(request_drafts) + lookahead
             while not self.kv.allocate(request.request_id, total):
                 victim = self.running[-1]
@@ -115,8 +94,8 @@ class Scheduler:
                 if request.num_preemptions == 0:
                     request.num_cached_tokens = cached
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            samples = request.num_computed_tokens + num_new == request.num_tokens
-            lookahead = self.num_lookahead_tokens if samples else 0
+            will_sample = request.num_computed_tokens + num_new == request.num_tokens
+            lookahead = self.num_lookahead_tokens if will_sample else 0
             if not self.kv.allocate(request.request_id, request.num_computed_tokens + num_new + lookahead):
                 break
             self.waiting.popleft()
@@ -168,7 +147,7 @@ class Scheduler:
         if self.speculative is None:
             return {}
         now = {entry.request.request_id: entry for entry in scheduled}
-        drafting = {i for i, entry in now.items() if entry.samples}
+        drafting = {i for i, entry in now.items() if entry.will_sample}
         if not self.speculative.adaptive_draft_length:
             return dict.fromkeys(drafting, self.num_lookahead_tokens)
 
@@ -176,7 +155,7 @@ class Scheduler:
             entry = now.get(request.request_id)
             if entry is None:
                 return request.num_tokens - request.num_computed_tokens
-            return 1 if entry.samples else request.num_tokens - entry.start - entry.num_new_tokens
+            return 1 if entry.will_sample else request.num_tokens - entry.start - entry.num_new_tokens
 
         sampling, num_rows, budget = self._rows(left, self.config.max_num_batched_tokens)
         offers = {}  # request id -> (drafts it may offer, acceptance, forced drafts: unknown yet)
@@ -211,7 +190,7 @@ class Scheduler:
     def _entry(self, request: Request, num_new: int, drafts: list[int], forced: list[bool]) -> ScheduledRequest:
         start = request.num_computed_tokens
         return ScheduledRequest(request, start, num_new, drafts, self.kv.block_tables(request.request_id),
-                                samples=start + num_new == request.num_tokens, draft_forced=forced)
+                                will_sample=start + num_new == request.num_tokens, draft_forced=forced)
 
     def _preempt(self, request: Request) -> None:
         """Free the request's blocks and queue it for recompute. Its tokens stay, and so does its grammar
@@ -225,7 +204,7 @@ class Scheduler:
         request.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def commit(self, plan: SchedulerOutput, result: "RunnerOutput") -> list[Request]:
+    def commit(self, plan: SchedulerOutput, result: RunnerOutput) -> list[Request]:
         """Apply one step: advance computed counts, append emitted tokens, check stops, keep drafts.
 
         ``result.sampled`` maps each sampling request to the tokens it emitted (accepted drafts
@@ -237,7 +216,7 @@ class Scheduler:
         for entry in plan.scheduled:
             request = entry.request
             request.num_computed_tokens += entry.num_new_tokens
-            if not entry.samples:
+            if not entry.will_sample:
                 self.kv.register_full_blocks(request.request_id, request.token_ids, request.num_computed_tokens)
                 continue
             emitted = result.sampled[request.request_id]

@@ -29,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from eyas.model.resolve import cache_dir
+from eyas.cache import cache_dir
 
 logger = logging.getLogger("eyas")
 _SOURCES = Path(__file__).parent

@@ -17,10 +17,11 @@ import functools
 
 import torch
 
+from eyas.kernels.token_ops import token_ops
 from eyas.model.attention.cpu import CpuBackend, CpuMetadata
 from eyas.model.attention.cpu import load_kernel as attention_kernel
 from eyas.model.forward_context import get_forward_context
-from eyas.model.layers import RMSNorm, _token_ops
+from eyas.model.layers import RMSNorm
 from eyas.model.quantized import QuantLinear
 
 _PARTS_MAX, _PART_WORDS = 3, 5  # as decoder_layers.c's PARTS_MAX, PART_WORDS
@@ -74,11 +75,10 @@ class FusedDecoder:
 
     @classmethod
     def build(cls, layers) -> FusedDecoder | None:
-        """The plan for ``layers`` (a model's ``DecoderLayer`` list), or None when one of them is not made of
-        parts the C loop runs (see the module docstring) or a kernel cannot be built."""
-        from eyas.model.llama import DecoderLayer
-
-        if _kernel() is None or _token_ops() is None or attention_kernel() is None:
+        """The plan for ``layers`` (a model's plain Llama ``DecoderLayer`` list, as the caller checks), or None
+        when one of them is not made of parts the C loop runs (see the module docstring) or a kernel cannot be
+        built."""
+        if _kernel() is None or token_ops() is None or attention_kernel() is None:
             return None
         first = layers[0]
         attn0 = first.self_attn
@@ -88,7 +88,7 @@ class FusedDecoder:
             attn = layer.self_attn
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
             cache = attn.kv_cache
-            if (type(layer) is not DecoderLayer or attn.q_norm is not None
+            if (attn.q_norm is not None
                     or any(type(n) is not RMSNorm or n.eps != eps or n.weight.dtype != torch.float32 for n in norms)
                     or cache is None or cache.dtype != torch.float32 or not cache.is_cpu or not cache.is_contiguous()
                     or attn.kv_cache_group != attn0.kv_cache_group or attn.sliding_window is not None):
@@ -99,7 +99,7 @@ class FusedDecoder:
                 return None
             rows.append([norms[0].weight.data_ptr(), norms[1].weight.data_ptr(), cache.data_ptr(), cache.shape[1],
                          *(w for words in linears for w in words)])
-        ops = _token_ops()
+        ops = token_ops()
         struct = _Model(first.input_layernorm.weight.shape[0], attn0.num_heads, attn0.num_kv_heads, attn0.head_dim,
                         first.mlp.down_proj.in_features, eps, attn0.head_dim ** -0.5, _address(ops.rms_norm),
                         _address(ops.rotary), _address(ops.silu_mul), _address(attention_kernel()))

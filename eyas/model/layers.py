@@ -5,11 +5,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from eyas.kernels.token_ops import native, token_ops
 
 
 class Linear(nn.Linear):
@@ -104,53 +105,12 @@ def _emulated_half() -> frozenset[torch.dtype]:
     """Half-precision dtypes this CPU has no native matmul for (PyTorch then emulates them)."""
     if not _MKLDNN:
         return frozenset()
-    native = {torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
-              torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported()}
-    return frozenset(dtype for dtype, supported in native.items() if not supported)
+    supported_here = {torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+                      torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported()}
+    return frozenset(dtype for dtype, supported in supported_here.items() if not supported)
 
 
 _EMULATED_HALF = _emulated_half()
-
-
-class _TokenOps(NamedTuple):
-    rms_norm: ctypes._CFuncPtr
-    rotary: ctypes._CFuncPtr
-    silu_mul: ctypes._CFuncPtr
-    argmax: ctypes._CFuncPtr
-    gumbel_argmax: ctypes._CFuncPtr
-    top_values: ctypes._CFuncPtr
-    log_normaliser: ctypes._CFuncPtr
-    log_softmax_above: ctypes._CFuncPtr
-    nucleus: ctypes._CFuncPtr
-
-
-@functools.cache
-def _token_ops() -> _TokenOps | None:
-    """The C entry points of ``eyas/kernels/token_ops.c``, or None where it cannot be built."""
-    from eyas import kernels
-
-    ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    norm = kernels.entry("token_ops", ptr, ptr, ptr, i64, i64, ctypes.c_float, i32, function="rms_norm")
-    if norm is None:
-        return None
-    return _TokenOps(norm, kernels.entry("token_ops", ptr, i64, ptr, ptr, ptr, i64, i64, i64, i32, function="rotary"),
-                     kernels.entry("token_ops", ptr, ptr, i64, i64, i32, function="silu_mul"),
-                     kernels.entry("token_ops", ptr, ptr, i64, i64, i32, function="argmax"),
-                     kernels.entry("token_ops", ptr, ptr, ptr, ptr, ptr, i64, i64, i32, function="gumbel_argmax"),
-                     kernels.entry("token_ops", ptr, ptr, i64, i64, i64, i32, function="top_values"),
-                     kernels.entry("token_ops", ptr, ptr, ptr, i64, i64, i32, function="log_normaliser"),
-                     kernels.entry("token_ops", ptr, ptr, i64, i64, i32, function="log_softmax_above"),
-                     kernels.entry("token_ops", ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i32, function="nucleus"))
-
-
-def _native(x: torch.Tensor, param: torch.Tensor | None = None) -> bool:
-    """Whether an op on activation ``x`` (with float32 ``param``: a norm weight, a cos table) takes
-    ``token_ops.c``: float32 on the CPU, nothing recorded for autograd, and the kernel builds."""
-    if not (x.dtype is torch.float32 and x.is_cpu and (param is None or param.dtype is torch.float32)):
-        return False
-    if torch.is_grad_enabled() and (x.requires_grad or (param is not None and param.requires_grad)):
-        return False
-    return _token_ops() is not None
 
 
 class RMSNorm(nn.Module):
@@ -164,12 +124,12 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight
-        if not _native(x, weight):
+        if not native(x, weight):
             return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
         x = x.contiguous()  # [..., size]
         out = torch.empty_like(x)
         size = x.shape[-1]
-        _token_ops().rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // size, size, self.eps,
+        token_ops().rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // size, size, self.eps,
                               torch.get_num_threads())
         return out
 
@@ -189,13 +149,13 @@ class GatedMLP(nn.Module):
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up [..., 2n] (gate, then up) -> silu(gate) * up [..., n]. Float32 CPU inputs take one call of
     ``token_ops.c`` (within a few units in the last place of PyTorch's ops: its exp differs)."""
-    if not _native(gate_up):
+    if not native(gate_up):
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
     gate_up = gate_up.contiguous()
     *lead, width = gate_up.shape
     out = torch.empty(*lead, width // 2, dtype=torch.float32)
-    _token_ops().silu_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // width, width // 2,
+    token_ops().silu_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // width, width // 2,
                           torch.get_num_threads())
     return out
 
@@ -238,7 +198,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     contiguous tensor; cos, sin: [num_tokens, 1, head_dim/2]. Float32 CPU inputs take one call of
     ``token_ops.c`` (the same bits), which reads x in place when each token's heads lie back to back (the
     q/k view of a fused q/k/v product)."""
-    if not _native(x, cos):
+    if not native(x, cos):
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
     num_tokens, heads, head_dim = x.shape
@@ -246,6 +206,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
         x = x.contiguous()
     cos, sin = cos.contiguous(), sin.contiguous()
     out = torch.empty(num_tokens, heads, head_dim, dtype=torch.float32)
-    _token_ops().rotary(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), num_tokens, heads,
+    token_ops().rotary(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), num_tokens, heads,
                         head_dim, torch.get_num_threads())
     return out

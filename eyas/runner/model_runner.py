@@ -6,7 +6,7 @@ chain is the sampler's own draw at that (seed, position)).
 
 **CUDA graphs** (CUDA, unless ``enforce_eager``, with a backend that builds uniform-layout
 metadata): a forward whose every query fits ``width`` rows (1 for plain decodes, k + 1 when
-verifying drafts) runs on the uniform layout that ``eyas.runner.cuda_graphs`` replays. Request
+verifying drafts) runs on the uniform layout that ``eyas.model.cuda_graphs`` replays. Request
 b's tokens move to rows ``b * width ..``, the batch is padded up the ladder with empty requests,
 block tables to ``table_width``; the hidden states are gathered back into the flat layout, so
 verification and drafting never see the difference. Batches with longer queries (prompt chunks)
@@ -20,35 +20,26 @@ the target's distribution at every verified position is the grammar-masked, reno
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from eyas.config import EngineConfig
-from eyas.engine.scheduler import ScheduledRequest, SchedulerOutput
+from eyas.core.step import RunnerOutput, ScheduledRequest, SchedulerOutput
+from eyas.core.verify_layout import VerifyLayout
 from eyas.kv.manager import KVCacheGroupSpec
 from eyas.model.attention import AttentionBatch, UniformBatch, block_table_tensor, default_backend, get_backend, layout_slots
+from eyas.model.cuda_graphs import UniformLayout, engine_graphs
 from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.model.llama import ModelOutput
 from eyas.model.loader import load_model
-from eyas.runner.cuda_graphs import UniformLayout, engine_graphs
-from eyas.runner.prompt_logprobs import PromptLogprobs, prompt_logprobs
+from eyas.runner.prompt_logprobs import prompt_logprobs
 from eyas.sampling.grammar_masks import GrammarMasks, GrammarTimings, MaskFiller, PendingMasks
 from eyas.sampling.penalties import penalize
 from eyas.sampling.rejection import VerifyResult, greedy_verify, rejection_sample, shared_noise_verify
 from eyas.sampling.row_ops import argmax
 from eyas.sampling.sampler import Sampler, SamplingBatch, raw_logprobs
 from eyas.spec.proposer import ProposerInput, ProposerOutput, make_proposer
-
-
-@dataclass
-class RunnerOutput:
-    sampled: dict[str, list[int]]  # request id -> tokens emitted this step (accepted drafts + 1)
-    num_drafts: dict[str, int]  # request id -> drafts verified this step
-    logprobs: dict[str, list[dict[int, float]]]  # request id -> per emitted token {token id: logprob}
-    drafts: dict[str, list[int]]  # request id -> draft tokens proposed for the next step
-    forced: dict[str, list[bool]] = field(default_factory=dict)  # request id -> per draft: forced by its grammar
-    prompt_logprobs: PromptLogprobs = field(default_factory=dict)  # request id -> (first token index, per token)
 
 
 @dataclass
@@ -59,7 +50,6 @@ class _Inputs:
     seq_lens: torch.Tensor  # [B] host
     block_table: torch.Tensor  # [B, max_blocks] host, KV-cache group 0
     slot_mapping: torch.Tensor  # [num_tokens] host
-    sample_rows: list[int]  # indices into plan.scheduled of the requests that sample this step
 
 
 class ModelRunner:
@@ -138,52 +128,39 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
-        pending = self._start_masks([e for e in plan.scheduled if e.samples])  # overlaps the forward
+        verify = VerifyLayout.of(plan)
+        pending = self._start_masks(verify)  # overlaps the forward
         out, inputs = self.forward(plan)
         prompt_lp = prompt_logprobs(self.model.compute_logits, out.hidden, plan.scheduled, inputs.query_start_loc)
-        if not inputs.sample_rows:
+        if not verify.entries:
             if self.proposer:  # a drafter with its own cache still sees every prompt chunk
-                self._propose(plan, inputs, out, [], VerifyResult(torch.zeros(0, 1, dtype=torch.int64),
-                                                                  torch.zeros(0, dtype=torch.int64)))
+                self._propose(plan, inputs, out, verify, VerifyResult(torch.zeros(0, 1, dtype=torch.int64),
+                                                                      torch.zeros(0, dtype=torch.int64)))
             return RunnerOutput({}, {}, {}, {}, prompt_logprobs=prompt_lp)
-        entries = [plan.scheduled[i] for i in inputs.sample_rows]
-        k = max(len(e.draft_token_ids) for e in entries)
-        num_drafts = torch.tensor([len(e.draft_token_ids) for e in entries], dtype=torch.int64)
-        drafts = torch.tensor([e.draft_token_ids + [0] * (k - len(e.draft_token_ids)) for e in entries],
-                              dtype=torch.int64).view(len(entries), k)  # [R, k], padded with 0
-        # logits of the verify positions only (each request's last committed token, then its drafts):
-        # N = R + sum(num_drafts) rows, not R * (k + 1); ``pad`` lays them out as [R, k+1], positions
-        # past a request's drafts repeating its last one
-        last = inputs.query_start_loc[inputs.sample_rows] + torch.tensor([e.num_new_tokens for e in entries]) - 1
-        first = torch.cumsum(num_drafts + 1, 0) - num_drafts - 1  # [R] a request's first row in logits
-        pad = first[:, None] + torch.minimum(torch.arange(k + 1), num_drafts[:, None])  # [R, k+1]
-        rows = torch.repeat_interleave(last - first, num_drafts + 1) + torch.arange(len(entries) + int(num_drafts.sum()))
-        logits = self.model.compute_logits(out.hidden[rows.to(self.device)])  # [N, vocab]
-        pad = pad.to(self.device)
+        logits = self.model.compute_logits(out.hidden[verify.flat_rows.to(self.device)])  # [N, vocab]
+        pad = verify.pad.to(self.device)
         masks = pending.result(self.device) if pending is not None else None
-        result = self._verify(entries, logits, pad, drafts.to(self.device), num_drafts.to(self.device), masks)
+        result = self._verify(verify, logits, pad, masks)
         # drafting is queued before the first device-to-host copy of the verification result
-        proposal = self._propose(plan, inputs, out, entries, result) if self.proposer else None
+        proposal = self._propose(plan, inputs, out, verify, result) if self.proposer else None
         emitted, counts = result.output_tokens.tolist(), (result.num_accepted + 1).tolist()
-        ids = [e.request.request_id for e in entries]
+        ids = [e.request.request_id for e in verify.entries]
         sampled = {i: emitted[r][:counts[r]] for r, i in enumerate(ids)}
-        proposals, forced = self._collect(entries, proposal) if proposal is not None else ({}, {})
-        return RunnerOutput(sampled, dict(zip(ids, num_drafts.tolist())),
-                            self._logprobs(entries, logits, pad, emitted, counts), proposals, forced, prompt_lp)
+        proposals, forced = self._collect(verify.entries, proposal) if proposal is not None else ({}, {})
+        return RunnerOutput(sampled, dict(zip(ids, verify.num_drafts.tolist())),
+                            self._logprobs(verify.entries, logits, pad, emitted, counts), proposals, forced, prompt_lp)
 
-    def _start_masks(self, entries: list[ScheduledRequest]) -> PendingMasks | None:
-        """Start the grammar masks of the sampling requests' verify rows (request r owns rows
-        first[r] .. first[r] + its drafts, in the logits layout of ``execute``)."""
-        jobs, first = [], 0
-        for e in entries:
-            if e.request.grammar is not None:
-                jobs.append((e.request.grammar, first, e.draft_token_ids))
-            first += len(e.draft_token_ids) + 1
-        return self.masks.start(jobs, first)
+    def _start_masks(self, verify: VerifyLayout) -> PendingMasks | None:
+        """Start the grammar masks of the sampling requests' verify rows."""
+        jobs = [(e.request.grammar, first, e.draft_token_ids)
+                for e, first in zip(verify.entries, verify.first.tolist()) if e.request.grammar is not None]
+        return self.masks.start(jobs, verify.num_rows)
 
-    def _verify(self, entries: list[ScheduledRequest], logits: torch.Tensor, pad: torch.Tensor, drafts: torch.Tensor,
-                num_drafts: torch.Tensor, masks: GrammarMasks | None) -> VerifyResult:
-        """logits [N, vocab] (raw) of the verify positions; pad [R, k+1] their rows per request."""
+    def _verify(self, verify: VerifyLayout, logits: torch.Tensor, pad: torch.Tensor,
+                masks: GrammarMasks | None) -> VerifyResult:
+        """logits [N, vocab] (raw) of the verify positions; pad [R, k+1] their rows per request (on the device)."""
+        entries = verify.entries
+        drafts, num_drafts = verify.drafts.to(self.device), verify.num_drafts.to(self.device)
         params = [e.request.params for e in entries]
         logits = penalize(logits, [(e.request.params, e.request.token_ids, e.request.num_prompt_tokens,
                                     e.draft_token_ids) for e in entries])
@@ -194,7 +171,7 @@ class ModelRunner:
         width = pad.shape[1]
         seeds = [e.request.seed for e in entries]
         positions = [[e.request.num_tokens + j for j in range(width)] for e in entries]
-        counts = [len(e.draft_token_ids) + 1 for e in entries]  # rows per request in logits, from the host
+        counts = verify.rows_per_request
         batch = SamplingBatch.from_params([p for p, n in zip(params, counts) for _ in range(n)],
                                           [s for s, n in zip(seeds, counts) for _ in range(n)],
                                           [q for row, n in zip(positions, counts) for q in row[:n]], self.device)
@@ -224,8 +201,9 @@ class ModelRunner:
                 probs[r, :n] = s[:n]
         return probs
 
-    def _propose(self, plan: SchedulerOutput, inputs: _Inputs, out: ModelOutput, entries: list[ScheduledRequest],
+    def _propose(self, plan: SchedulerOutput, inputs: _Inputs, out: ModelOutput, verify: VerifyLayout,
                  result: VerifyResult) -> ProposerOutput:
+        entries = verify.entries
         inp = ProposerInput(
             request_ids=[e.request.request_id for e in entries],
             token_ids=[e.request.token_ids for e in entries],
@@ -236,11 +214,11 @@ class ModelRunner:
             positions=inputs.positions,
             query_start_loc=inputs.query_start_loc,
             seq_lens=inputs.seq_lens,
-            sample_rows=inputs.sample_rows,
+            sample_rows=verify.sample_rows,
             hidden_states=out.hidden if self.proposer.needs_hidden_states else None,
             aux_hidden_states=out.aux_hidden,
             block_tables=[e.block_tables for e in plan.scheduled],
-            next_token_ids=[-1 if e.samples else e.request.token_ids[e.start + e.num_new_tokens] for e in plan.scheduled],
+            next_token_ids=[-1 if e.will_sample else e.request.token_ids[e.start + e.num_new_tokens] for e in plan.scheduled],
             num_drafts=[len(e.draft_token_ids) for e in entries],
             expected_drafts=[plan.expected_drafts[e.request.request_id] for e in entries],
             seeds=torch.tensor([e.request.seed for e in entries], dtype=torch.int64, device=self.device),
@@ -288,22 +266,20 @@ class ModelRunner:
         self._draft_probs.pop(request_id, None)
 
     def _prepare(self, plan: SchedulerOutput) -> _Inputs:
-        input_ids, q_lens, seq_lens, sample_rows = [], [], [], []
-        for i, entry in enumerate(plan.scheduled):
+        input_ids, q_lens, seq_lens = [], [], []
+        for entry in plan.scheduled:
             request, start, n = entry.request, entry.start, entry.num_new_tokens
             fed = request.token_ids[start:start + n] + entry.draft_token_ids
             input_ids += fed
             q_lens.append(len(fed))
             seq_lens.append(start + len(fed))
-            if entry.samples:
-                sample_rows.append(i)
         query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int64)
         query_start_loc[1:] = torch.tensor(q_lens).cumsum(0)
         seq_lens_t = torch.tensor(seq_lens, dtype=torch.int64)
         block_table = block_table_tensor([entry.block_tables[0] for entry in plan.scheduled])
         positions, slot_mapping = layout_slots(block_table, query_start_loc, seq_lens_t, self.block_size)
         return _Inputs(torch.tensor(input_ids, dtype=torch.int64, device=self.device),
-                       positions.to(self.device), query_start_loc, seq_lens_t, block_table, slot_mapping, sample_rows)
+                       positions.to(self.device), query_start_loc, seq_lens_t, block_table, slot_mapping)
 
     def _logprobs(self, entries: list[ScheduledRequest], logits: torch.Tensor, pad: torch.Tensor,
                   emitted: list[list[int]], counts: list[int]) -> dict[str, list[dict[int, float]]]:

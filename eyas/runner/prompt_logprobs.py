@@ -16,7 +16,7 @@ import torch
 
 from eyas.sampling.sampler import raw_logprobs
 
-PromptLogprobs = dict[str, tuple[int, list[dict[int, float]]]]  # request id -> (first token index, per token)
+PromptLogprobs = dict[str, tuple[int, list[dict[int, float]]]]  # RunnerOutput.prompt_logprobs
 
 
 def prompt_logprobs(compute_logits, hidden: torch.Tensor, scheduled: list, query_start_loc: torch.Tensor

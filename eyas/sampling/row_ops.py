@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor
 
-from eyas.model.layers import _native, _token_ops
+from eyas.kernels.token_ops import native, token_ops
 from eyas.sampling.noise import gumbel
 
 # PyTorch's CPU exp takes a slow path where its result is below float32's normal range (and at -inf): about
@@ -30,11 +30,11 @@ EXP_FLOOR = -87.0
 
 def argmax(x: Tensor) -> Tensor:
     """x [N, V] -> [N] int64, ``x.argmax(dim=-1)`` exactly: the first of equal values, the first NaN."""
-    if not (x.dim() == 2 and _native(x)):
+    if not (x.dim() == 2 and native(x)):
         return x.argmax(dim=-1)
     x = x.contiguous()
     out = torch.empty(x.shape[0], dtype=torch.int64)
-    _token_ops().argmax(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads())
+    token_ops().argmax(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads())
     return out
 
 
@@ -49,24 +49,24 @@ def gumbel_argmax(logprobs: Tensor, seeds: Tensor, positions: Tensor, stream: in
     (within 1 ulp of the true value, as PyTorch's), so a CPU and a CUDA run may part where two
     scores are within an ulp.
     """
-    if not (logprobs.dim() == 2 and _native(logprobs)):
+    if not (logprobs.dim() == 2 and native(logprobs)):
         return argmax(gumbel(seeds, positions, logprobs.shape[-1], stream).add_(logprobs))
     logprobs, rows = logprobs.contiguous(), logprobs.shape[0]
     seeds, positions = seeds.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
     streams = (stream.to(torch.int64) if isinstance(stream, Tensor) else torch.tensor(stream)).expand(rows).contiguous()
     out = torch.empty(rows, dtype=torch.int64)
-    _token_ops().gumbel_argmax(logprobs.data_ptr(), seeds.data_ptr(), positions.data_ptr(), streams.data_ptr(),
+    token_ops().gumbel_argmax(logprobs.data_ptr(), seeds.data_ptr(), positions.data_ptr(), streams.data_ptr(),
                                out.data_ptr(), rows, logprobs.shape[1], torch.get_num_threads())
     return out
 
 
 def top_values(x: Tensor, width: int) -> Tensor:
     """x [N, V] -> [N, width] its rows' largest values, descending: ``torch.topk(x, width).values``."""
-    if not (x.dim() == 2 and 8 * width <= x.shape[1] and _native(x)):  # a wide one sorts the row: PyTorch's
+    if not (x.dim() == 2 and 8 * width <= x.shape[1] and native(x)):  # a wide one sorts the row: PyTorch's
         return torch.topk(x, width, dim=-1, sorted=True).values
     x = x.contiguous()
     out = torch.empty(x.shape[0], width, dtype=torch.float32)
-    if _token_ops().top_values(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], width, torch.get_num_threads()):
+    if token_ops().top_values(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], width, torch.get_num_threads()):
         return torch.topk(x, width, dim=-1, sorted=True).values  # a NaN: PyTorch places it
     return out
 
@@ -74,7 +74,7 @@ def top_values(x: Tensor, width: int) -> Tensor:
 def log_normaliser(x: Tensor, floor: Tensor | None = None) -> Tensor:
     """x [N, V] -> [N, 1] log(sum(exp(x))) per row over its values >= ``floor`` [N, 1] (None: all of them),
     as logsumexp (see EXP_FLOOR)."""
-    if not (x.dim() == 2 and _native(x)):
+    if not (x.dim() == 2 and native(x)):
         if floor is not None:
             x = x.masked_fill(x < floor, -math.inf)
         top = x.amax(dim=-1, keepdim=True)
@@ -82,7 +82,7 @@ def log_normaliser(x: Tensor, floor: Tensor | None = None) -> Tensor:
     x = x.contiguous()
     floor = None if floor is None else floor.to(torch.float32).contiguous()
     out = torch.empty(x.shape[0], 1, dtype=torch.float32)
-    _token_ops().log_normaliser(x.data_ptr(), None if floor is None else floor.data_ptr(), out.data_ptr(),
+    token_ops().log_normaliser(x.data_ptr(), None if floor is None else floor.data_ptr(), out.data_ptr(),
                                 x.shape[0], x.shape[1], torch.get_num_threads())
     return out
 
@@ -90,10 +90,10 @@ def log_normaliser(x: Tensor, floor: Tensor | None = None) -> Tensor:
 def log_softmax_above_(x: Tensor, floor: Tensor) -> Tensor:
     """In place on x [N, V]: values below ``floor`` [N, 1] become -inf, the others their log-probability
     among the values kept (``x - log_normaliser(x, floor)``). Returns x."""
-    if not (x.dim() == 2 and x.is_contiguous() and _native(x)):
+    if not (x.dim() == 2 and x.is_contiguous() and native(x)):
         return x.masked_fill_(x < floor, -math.inf).sub_(log_normaliser(x))
     floor = floor.to(torch.float32).contiguous()
-    _token_ops().log_softmax_above(x.data_ptr(), floor.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads())
+    token_ops().log_softmax_above(x.data_ptr(), floor.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads())
     return x
 
 
@@ -102,14 +102,14 @@ def nucleus_thresholds(x: Tensor, k: Tensor, top_p: Tensor, width: int) -> tuple
     settled [N]) for x [N, V] float32 scaled logits, k [N] int64, top_p [N]; None where the kernel does not
     serve (not a float32 CPU row, a width too wide for its heap, a NaN), for the caller's tensor ops. Its
     probabilities take C's expf where the tensor form takes PyTorch's exp (within an ulp)."""
-    if not (x.dim() == 2 and 8 * width <= x.shape[1] and _native(x)):
+    if not (x.dim() == 2 and 8 * width <= x.shape[1] and native(x)):
         return None
     x = x.contiguous()
     rows = x.shape[0]
     k, top_p = k.to(torch.int64).contiguous(), top_p.to(torch.float32).contiguous()
     threshold, settled = torch.empty(rows, 1, dtype=torch.float32), torch.empty(rows, dtype=torch.bool)
     scratch = torch.empty(rows, width, dtype=torch.float32)
-    if _token_ops().nucleus(x.data_ptr(), k.data_ptr(), top_p.data_ptr(), threshold.data_ptr(), settled.data_ptr(),
+    if token_ops().nucleus(x.data_ptr(), k.data_ptr(), top_p.data_ptr(), threshold.data_ptr(), settled.data_ptr(),
                             scratch.data_ptr(), rows, x.shape[1], width, torch.get_num_threads()):
         return None
     return threshold, settled

@@ -18,7 +18,7 @@ use there (shared-noise mode) or with its own stream (rejection mode, keeping q)
 No device-to-host sync: positions, slots and sequence lengths stay on the device; host-side
 sizes are upper bounds.
 
-**CUDA graphs** (as for the target, ``eyas.runner.cuda_graphs``): draft steps run over rows padded
+**CUDA graphs** (as for the target, ``eyas.model.cuda_graphs``): draft steps run over rows padded
 up the batch-size ladder with block tables padded to ``table_width``, and replay one graph per
 (batch, table width); the catch-up forward is graphed like the target's verification forward
 when every query fits k + 1 rows. On the CPU the same step runs eagerly, unpadded.
@@ -33,10 +33,10 @@ import torch
 from eyas.config import EngineConfig, ModelConfig
 from eyas.kv.manager import KVCacheGroupSpec
 from eyas.model.attention import AttentionBatch, UniformBatch, block_table_tensor, default_backend, get_backend, layout_slots
+from eyas.model.cuda_graphs import UniformLayout, engine_graphs, pad_table, table_width
 from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.model.loader import load_model
 from eyas.model.resolve import resolve_model
-from eyas.runner.cuda_graphs import UniformLayout, engine_graphs, pad_table, table_width
 from eyas.spec.draft_sampling import DraftSampler
 from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
 

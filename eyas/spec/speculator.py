@@ -33,7 +33,7 @@ number of emitted tokens; host-side sizes are only upper bounds for attention me
 **CUDA graphs** (CUDA, unless ``enforce_eager``): draft decode steps run over rows padded to a
 batch-size ladder (padding rows write the null block), with block tables padded to a power of
 two of blocks, and metadata built inside the step from device tensors; each (step layer, batch,
-table width) is captured once (``eyas.runner.cuda_graphs``) and replayed. The draft prefill is
+table width) is captured once (``eyas.model.cuda_graphs``) and replayed. The draft prefill is
 graphed too when every query fits k+1 rows (decodes and verifications, no prompt chunk): the
 layout is then made uniform, request b's tokens moved to rows ``b * (k+1) ..``. Batches with
 prompt chunks or catch-up rows take the flat eager prefill. On the CPU the decode steps run the same padded-row
@@ -59,9 +59,9 @@ from eyas.config import EngineConfig
 from eyas.drafters import shipped_drafter
 from eyas.kv.manager import KVCacheGroupSpec
 from eyas.model.attention import AttentionBatch, UniformBatch, block_table_tensor, default_backend, get_backend, layout_slots
+from eyas.model.cuda_graphs import UniformLayout, engine_graphs, pad_table, table_width
 from eyas.model.drafters.checkpoint import load_drafter
 from eyas.model.forward_context import ForwardContext, forward_context
-from eyas.runner.cuda_graphs import UniformLayout, engine_graphs, pad_table, table_width
 from eyas.spec.catch_up import CatchUp, DraftBatch
 from eyas.spec.config import SUFFIX_FIELDS
 from eyas.spec.draft_sampling import DraftSampler

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from eyas.data.chat import build_loss_mask
-from eyas.data.extract import conversations, without_leading_replies
+from eyas.data.sharegpt import conversations, without_leading_replies
 from eyas.model.forward_context import ForwardContext, forward_context
 from eyas.model.tokenizer import Tokenizer
 from eyas.train.attention import LayerKeys, TrainingAttention

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from eyas import kernels
-from eyas.model.attention import AttentionBackend, AttentionBatch, UniformBatch, uniform_slots
+from eyas.model.attention.base import AttentionBackend, AttentionBatch, UniformBatch, uniform_slots
 
 _CACHE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p

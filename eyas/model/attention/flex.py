@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from eyas.model.attention import AttentionBackend, AttentionBatch
+from eyas.model.attention.base import AttentionBackend, AttentionBatch
 
 TILE = 128  # FlexAttention's sparse block size, for queries and keys alike
 _flex_attention = torch.compile(flex_attention, dynamic=True)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from eyas.model.attention import AttentionBackend, AttentionBatch, UniformBatch, uniform_slots
+from eyas.model.attention.base import AttentionBackend, AttentionBatch, UniformBatch, uniform_slots
 
 LONG_QUERY = 32  # queries longer than this are attended per request, without padding
 # on CUDA: not cuDNN's kernel, which builds a plan for every new shape (about 40 ms each on an H100, and

@@ -29,7 +29,6 @@ import hashlib
 import itertools
 import logging
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,13 +36,13 @@ from eyas.config import ModelConfig
 from eyas.data.chat import build_loss_mask
 from eyas.data.hidden_states_writer import TMP_SUFFIX
 from eyas.data.manifest import Journal, build_manifest, changed_settings, mask_to_runs, write_json_atomic
-from eyas.data.sharegpt import Conversation, iter_sharegpt, sharegpt_path
+from eyas.data.sharegpt import Conversation, conversations, first_turns, without_leading_replies
+from eyas.jobs.regenerate import DEFAULT_MAX_LEN, conversation_seed, regenerate_replies, reply_sampling, reply_seed
 from eyas.model.resolve import resolve_model
 from eyas.sampling.params import SamplingParams
 from eyas.spec.extract_hidden_states import LAYER_CONVENTION
 
 logger = logging.getLogger("eyas")
-DEFAULT_MAX_LEN = 2048
 
 
 @dataclass
@@ -74,10 +73,6 @@ def model_identity(cfg: ModelConfig) -> dict:
             "fingerprint": digest.hexdigest()}
 
 
-def conversations(data: str) -> Iterator[Conversation]:
-    return iter_sharegpt(sharegpt_path() if data == "sharegpt" else Path(data))
-
-
 def run_extract(data: str, out: str | Path, *, model: str | None = None, layers: list[int] | None = None,
                 regenerate: bool = False, max_samples: int | None = None, max_len: int | None = None,
                 max_turns: int | None = None, regen_max_tokens: int = 512, chunk_size: int = 128,
@@ -86,7 +81,6 @@ def run_extract(data: str, out: str | Path, *, model: str | None = None, layers:
     """Run (or resume) the job; returns the manifest. ``max_len`` defaults to 2048 or the model's limit if
     lower. With ``regenerate``, replies are greedy unless ``temperature`` > 0 (then ``top_p``, ``top_k`` and
     ``seed`` apply, as in ``eyas regenerate``). ``llm_kwargs`` go to ``LLM`` (dtype, num_threads, kv_cache_gb, ...)."""
-    from eyas.data.regenerate import reply_sampling
     from eyas.llm import LLM
 
     if max_samples is not None and max_samples < 1:
@@ -170,28 +164,6 @@ def _progress(total: int, num_done: int):
     return tqdm(total=total, desc="extract", unit="sample", dynamic_ncols=True)
 
 
-def first_turns(conversation: Conversation, max_turns: int | None) -> Conversation:
-    """The conversation up to the reply to its ``max_turns``-th user turn (all of it for None)."""
-    if max_turns is None:
-        return conversation
-    messages, users = [], 0
-    for message in conversation.messages:
-        if message["role"] == "user":
-            if users == max_turns:
-                break
-            users += 1
-        messages.append(message)
-    return Conversation(conversation.id, messages)
-
-
-def without_leading_replies(conversation: Conversation) -> Conversation:
-    """Drop assistant turns before the first user or system turn: nothing conditions them."""
-    messages = list(conversation.messages)
-    while messages and messages[0]["role"] == "assistant":
-        messages.pop(0)
-    return Conversation(conversation.id, messages)
-
-
 def _render(llm, sample: Sample, max_len: int, reply: bool) -> None:
     """Token ids and assistant-only loss mask of the conversation (``reply``: of the history a reply is to be
     generated for, ending with the generation prompt)."""
@@ -225,7 +197,6 @@ def _extract(llm, samples: list[Sample], out: Path, max_tokens: int, sampling: d
     """Run every sample with extraction on, generating up to ``max_tokens`` greedily, or with ``sampling`` and the
     reply's seed (1: a prefill); journal entries once their files are on disk. The generated tokens but the last
     are dumped too, as loss tokens."""
-    from eyas.data.regenerate import conversation_seed, reply_seed
 
     engine = llm.engine
     greedy = SamplingParams(max_tokens=max_tokens, temperature=0)
@@ -263,7 +234,6 @@ def _extract(llm, samples: list[Sample], out: Path, max_tokens: int, sampling: d
 def _regenerate(llm, samples: list[Sample], max_len: int, max_tokens: int, sampling: dict | None, seed: int) -> None:
     """Replace every assistant turn but the last by the target's own reply (greedy, or with ``sampling``) and end
     each conversation with the turn its last reply answers (``_extract`` generates that one, dumping its states)."""
-    from eyas.data.regenerate import conversation_seed, regenerate_replies
 
     seeds = None if sampling is None else [conversation_seed(seed, s.sample_id) for s in samples]
     chats, _ = regenerate_replies(llm, [s.conversation for s in samples], max_len, max_tokens, last=False,

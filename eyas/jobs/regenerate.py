@@ -28,15 +28,15 @@ import time
 from pathlib import Path
 
 from eyas.config import ModelConfig
-from eyas.data.extract import conversations, first_turns, without_leading_replies
 from eyas.data.manifest import Journal, changed_settings, write_json_atomic
-from eyas.data.sharegpt import Conversation
+from eyas.data.sharegpt import Conversation, conversations, first_turns, without_leading_replies
 from eyas.model.resolve import resolve_model
 from eyas.sampling.params import SamplingParams
 
 logger = logging.getLogger("eyas")
 
 
+DEFAULT_MAX_LEN = 2048  # tokens of a rendered conversation a job keeps
 ROUNDS = 1024  # replies a conversation can have a seed for: its seeds are seed + 0 .. seed + ROUNDS - 1
 
 
@@ -119,7 +119,6 @@ def run_regenerate(data: str, out: str | Path, *, model: str | None = None, max_
     """Run (or resume) the job; returns counts. ``out`` is the ``.jsonl`` file (its settings are pinned in
     ``<out>.job.json``); greedy unless ``temperature`` > 0 (then ``top_p``, ``top_k`` and ``seed`` apply);
     ``llm_kwargs`` go to ``LLM``."""
-    from eyas.data.extract import DEFAULT_MAX_LEN
     from eyas.llm import LLM
 
     out = Path(out)

@@ -6,9 +6,9 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from eyas.core.metrics import SpecStats
 from eyas.sampling.grammar import GrammarState
 from eyas.sampling.params import SamplingParams
-from eyas.spec.metrics import SpecStats
 
 
 class RequestStatus(enum.Enum):
