@@ -321,3 +321,16 @@ def test_token_sources_leave_out_the_stop_token():
     assert "".join(s["text"] for s in sources) == "Hi there" and [s["draft"] for s in sources] == [False, True]
     cut = CompletionOutput(0, "Hi there", ids, "length", None, drafted=[False, True])
     assert len(fmt.chunk(0, {}, "length", sources=(cut, 0))["choices"][0]["token_sources"]) == len(ids)
+
+
+def test_a_client_that_times_out_leaves_no_traceback_in_the_log(tiny_models):
+    server = Server(tiny_models["llama"], "--max-model-len", "256")
+    with server:
+        for _ in range(3):
+            with pytest.raises(httpx.TimeoutException):
+                httpx.post(server.base + "/v1/completions", json={"prompt": "hi", "max_tokens": 240,
+                                                                  "ignore_eos": True}, timeout=0.3)
+        ok = httpx.post(server.base + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+        assert ok.status_code == 200
+    log = server.proc.stdout.read()
+    assert "never retrieved" not in log and "Traceback" not in log, log
