@@ -20,6 +20,9 @@ from eyas.sampling.defaults import sampling_defaults
 from eyas.sampling.params import SamplingParams
 from eyas.spec.config import SpeculativeConfig
 from eyas.spec.speculator import speculators_redirect
+from eyas.tools import ToolRequest, parse_reply
+from eyas.tools.grammar import constrain
+from eyas.tools.render import render_chat
 
 logger = logging.getLogger("eyas")
 Prompt = str | list[int]
@@ -147,15 +150,28 @@ class LLM:
 
     def chat(self, messages: Conversation | Sequence[Conversation],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             add_generation_prompt: bool = True, use_tqdm: bool = True) -> list[RequestOutput]:
-        """Render conversations with the model's chat template, then generate."""
+             add_generation_prompt: bool = True, use_tqdm: bool = True, *, tools: list[dict] | None = None,
+             tool_choice: str | dict | None = None, parallel_tool_calls: bool | None = None,
+             continue_final_message: bool = False) -> list[RequestOutput]:
+        """Render conversations with the model's chat template, then generate.
+
+        ``tools``, ``tool_choice``, ``parallel_tool_calls``: OpenAI's shapes (docs/tools.md). Each output's
+        ``tool_calls`` then lists the reply's calls (arguments valid against their schema by construction);
+        its ``text`` is the whole reply, calls included. ``continue_final_message``: the reply continues the
+        final assistant message (give ``add_generation_prompt=False``).
+        """
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        texts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt)
+        request = ToolRequest.from_openai(tools, tool_choice, parallel_tool_calls)
+        texts = [render_chat(self.tokenizer, c, request, add_generation_prompt, continue_final_message)
                  for c in conversations]
         # the template already carries any BOS token, so encode without special tokens (as HF does)
         prompts = [(self.tokenizer.encode(t, add_special_tokens=False), t) for t in texts]
-        return self._run(self._add_all(prompts, self._params_list(sampling_params, len(prompts)), stream=False),
-                         use_tqdm)
+        params = [constrain(p, request) for p in self._params_list(sampling_params, len(prompts))]
+        outputs = self._run(self._add_all(prompts, params, stream=False), use_tqdm)
+        if request is not None and request.callable:
+            for completion in (c for out in outputs for c in out.outputs):
+                completion.tool_calls = parse_reply(completion.text).calls
+        return outputs
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
         """Yield the request's output after every step that changed it (cumulative text and tokens)."""

@@ -294,3 +294,43 @@ def test_structured_output_fields_equal_offline_structured_output(server, offlin
     got = client.completions.create(model="tiny", prompt="abc", temperature=0, max_tokens=20,
                                     extra_body={"guided_choice": ["left", "right"]})
     assert got.choices[0].text in ("left", "right")
+
+
+def test_labelled_counters_are_exported_at_zero_from_the_start():
+    from types import SimpleNamespace
+
+    text = ServerMetrics("m").render(SimpleNamespace(num_running=0, num_waiting=0, kv_usage=0.0,
+                                                     num_preemptions=0)).decode()
+    for reason in ("stop", "length", "abort"):
+        assert f'eyas:request_success_total{{finished_reason="{reason}",model_name="m"}} 0.0' in text
+    assert 'eyas:spec_decode_num_accepted_tokens_total{model_name="m"} 0.0' in text
+    assert 'eyas:time_to_first_token_seconds_count{model_name="m"} 0.0' in text
+
+
+def test_token_sources_leave_out_the_stop_token():
+    """The stop token is not content: a chunk's token_sources list what its text holds (the playground's colours)."""
+    from eyas.model.resolve import resolve_model
+    from eyas.model.tokenizer import Tokenizer
+    from eyas.server.responses import Formatter
+
+    tok = Tokenizer.from_folder(resolve_model(None))
+    ids = tok.encode("Hi there", add_special_tokens=False)
+    fmt = Formatter(tok, "m", "id", chat=True, spec_metrics=False)
+    ended = CompletionOutput(0, "Hi there", ids + [2], "stop", 2, drafted=[False, True, True])
+    sources = fmt.chunk(0, {"content": "Hi there"}, "stop", sources=(ended, 0))["choices"][0]["token_sources"]
+    assert "".join(s["text"] for s in sources) == "Hi there" and [s["draft"] for s in sources] == [False, True]
+    cut = CompletionOutput(0, "Hi there", ids, "length", None, drafted=[False, True])
+    assert len(fmt.chunk(0, {}, "length", sources=(cut, 0))["choices"][0]["token_sources"]) == len(ids)
+
+
+def test_a_client_that_times_out_leaves_no_traceback_in_the_log(tiny_models):
+    server = Server(tiny_models["llama"], "--max-model-len", "256")
+    with server:
+        for _ in range(3):
+            with pytest.raises(httpx.TimeoutException):
+                httpx.post(server.base + "/v1/completions", json={"prompt": "hi", "max_tokens": 240,
+                                                                  "ignore_eos": True}, timeout=0.3)
+        ok = httpx.post(server.base + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+        assert ok.status_code == 200
+    log = server.proc.stdout.read()
+    assert "never retrieved" not in log and "Traceback" not in log, log

@@ -50,3 +50,5 @@ class RunnerOutput:
     forced: dict[str, list[bool]] = field(default_factory=dict)  # request id -> per draft: forced by its grammar
     # request id -> [num drafts, vocab] the drafter's probabilities of them, kept for rejection sampling
     draft_probs: dict[str, Any] = field(default_factory=dict)
+    # SamplingParams.prompt_logprobs: request id -> (index of the first prompt token read, per token {id: logprob})
+    prompt_logprobs: dict[str, tuple[int, list[dict[int, float]]]] = field(default_factory=dict)

@@ -146,6 +146,8 @@ class Engine:
         result = self.runner.execute(plan)
         changed = self.scheduler.commit(plan, result)
         self.num_preemptions += len(plan.preempted)
+        for request_id, (first, entries) in result.prompt_logprobs.items():
+            self.outputs.add_prompt_logprobs(request_id, first, entries)
         outputs: dict[str, RequestOutput] = {}  # by request id: one (the latest) per n > 1 parent
         for request in changed:
             if self.outputs.update(request, result.logprobs.get(request.request_id)):

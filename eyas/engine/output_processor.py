@@ -26,6 +26,7 @@ class _TextState:
     stop_reason: int | str | None = None
     finished_by_stop_string: bool = False
     stream: bool = True  # someone reads its outputs before it ends
+    prompt_logprobs: list[dict[int, float] | None] | None = None  # per prompt token; token 0 has None
 
 
 class OutputProcessor:
@@ -35,8 +36,15 @@ class OutputProcessor:
 
     def add(self, request: Request, prompt: str | None, stream: bool = True) -> None:
         detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=request.params.skip_special_tokens)
-        self.states[request.request_id] = _TextState(prompt, detok, stream=stream,
-                                                     logprobs=[] if request.params.logprobs is not None else None)
+        self.states[request.request_id] = _TextState(
+            prompt, detok, stream=stream, logprobs=[] if request.params.logprobs is not None else None,
+            prompt_logprobs=[None] if request.params.prompt_logprobs is not None else None)
+
+    def add_prompt_logprobs(self, request_id: str, first: int, entries: list[dict[int, float]]) -> None:
+        """Logprobs of prompt tokens ``first ..``; a prompt computed again (after preemption) adds nothing new."""
+        state = self.states.get(request_id)
+        if state is not None and state.prompt_logprobs is not None:
+            state.prompt_logprobs.extend(entries[len(state.prompt_logprobs) - first:])
 
     def wants_output(self, request: Request) -> bool:
         """Whether the request's output after this step is read: it ended, or it streams."""
@@ -87,4 +95,5 @@ class OutputProcessor:
         metrics = RequestMetrics(request.arrival_time, request.first_token_time, request.finish_time,
                                  request.num_output_tokens)
         return RequestOutput(request.request_id, state.prompt, request.prompt_token_ids, [completion], finished,
-                             metrics, request.num_cached_tokens, request.spec_stats.as_dict())
+                             metrics, request.num_cached_tokens, request.spec_stats.as_dict(),
+                             prompt_logprobs=state.prompt_logprobs)

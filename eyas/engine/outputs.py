@@ -33,6 +33,7 @@ class CompletionOutput:
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     logprobs: list[dict[int, float]] | None = None  # per token: {token id: logprob}, the sampled one included
     drafted: list[bool] = field(default_factory=list)  # per token: an accepted draft (True) or the target's sample
+    tool_calls: list | None = None  # LLM.chat with tools: the reply's calls (eyas.tools.ToolCall), else None
 
 
 @dataclass
@@ -46,3 +47,5 @@ class RequestOutput:
     num_cached_tokens: int = 0
     spec_metrics: dict = field(default_factory=dict)
     hidden_states_path: str | None = None  # extract_hidden_states: the request's safetensors file
+    # SamplingParams.prompt_logprobs: per prompt token {token id: logprob} (its own and the top-n); token 0 None
+    prompt_logprobs: list[dict[int, float] | None] | None = None

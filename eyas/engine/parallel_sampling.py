@@ -69,4 +69,5 @@ class ParentRequest:
                                  sum(c.num_output_tokens for c in self.children))
         first = self.children[0]
         return RequestOutput(self.request_id, self.prompt, first.prompt_token_ids, outputs, finished, metrics,
-                             max(c.num_cached_tokens for c in self.children), stats.as_dict())
+                             max(c.num_cached_tokens for c in self.children), stats.as_dict(),
+                             prompt_logprobs=self.latest[0].prompt_logprobs if self.latest[0] is not None else None)

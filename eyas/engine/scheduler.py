@@ -86,7 +86,8 @@ class Scheduler:
         budget -= num_drafts
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
             request = self.waiting[0]
-            if request.num_computed_tokens == 0 and request.request_id not in self.kv.tables:
+            if (request.num_computed_tokens == 0 and request.request_id not in self.kv.tables
+                    and request.params.prompt_logprobs is None):  # prompt logprobs need every position computed
                 cached = self.kv.lookup_prefix(request.request_id, request.token_ids)
                 request.num_computed_tokens = cached
                 if request.num_preemptions == 0:

@@ -53,6 +53,22 @@ def _compile_template(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
+@lru_cache(maxsize=1)
+def _byte_level_table() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte: printable bytes stand for themselves, the other 68
+    take the code points from 256 up, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    table, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            table[chr(byte)] = byte
+        else:
+            table[chr(256 + extra)] = byte
+            extra += 1
+    return table
+
+
 class Tokenizer:
     def __init__(
         self,
@@ -77,6 +93,7 @@ class Tokenizer:
         self.add_bos_token = add_bos_token and self.bos_token_id is not None
         self.chat_template = chat_template
         self.source = source
+        self._added_ids = frozenset(backend.get_added_tokens_decoder())  # special and added tokens: text as is
 
     @classmethod
     def from_folder(cls, path: str | os.PathLike) -> Tokenizer:
@@ -114,6 +131,24 @@ class Tokenizer:
         if add_special_tokens and self.add_bos_token and ids[:1] != [self.bos_token_id]:
             ids.insert(0, self.bos_token_id)
         return ids
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for, exact even when it holds part of a UTF-8 character (``decode`` of
+        such a token alone gives U+FFFD). Byte-level BPE maps each byte to one printable character (GPT-2's
+        table, ``_byte_level_table``); SentencePiece-style vocabularies write bytes as ``<0xE2>`` and spaces
+        as ``\u2581``. Example (SmolLM2): token 40303 is ``\u0120\u00f0\u0141\u013a``: bytes ``20 f0 9f 98``, a
+        space and the first three bytes of an emoji."""
+        piece = self.backend.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if token_id in self._added_ids:
+            return piece.encode()
+        if type(self.backend.decoder).__name__ == "ByteLevel":
+            table = _byte_level_table()
+            return bytes(table[c] for c in piece) if all(c in table for c in piece) else piece.encode()
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])
+        return piece.replace("\u2581", " ").encode()
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -34,6 +34,7 @@ from eyas.model.cuda_graphs import engine_graphs
 from eyas.model.layout_forward import LayoutForward
 from eyas.model.llama import ModelOutput
 from eyas.model.loader import load_model
+from eyas.runner.prompt_logprobs import prompt_logprobs
 from eyas.runner.row_cost import measured_row_cost
 from eyas.sampling.grammar_masks import GrammarMasks, GrammarTimings, MaskFiller, PendingMasks
 from eyas.sampling.penalties import penalize
@@ -116,11 +117,12 @@ class ModelRunner:
         verify = VerifyLayout.of(plan)
         pending = self._start_masks(verify)  # overlaps the forward
         out, inputs = self.forward(plan)
+        prompt_lp = prompt_logprobs(self.model.compute_logits, out.hidden, plan.scheduled, inputs.query_start_loc)
         if not verify.entries:
             if self.proposer:  # a drafter with its own cache still sees every prompt chunk
                 self._propose(plan, inputs, out, verify, VerifyResult(torch.zeros(0, 1, dtype=torch.int64),
                                                                       torch.zeros(0, dtype=torch.int64)))
-            return RunnerOutput({}, {}, {}, {})
+            return RunnerOutput({}, {}, {}, {}, prompt_logprobs=prompt_lp)
         logits = self.model.compute_logits(out.hidden[verify.flat_rows.to(self.device)])  # [N, vocab]
         pad = verify.pad.to(self.device)
         masks = pending.result(self.device) if pending is not None else None
@@ -133,7 +135,7 @@ class ModelRunner:
         proposals, forced, probs = self._collect(verify.entries, proposal) if proposal is not None else ({}, {}, {})
         return RunnerOutput(sampled, dict(zip(ids, verify.num_drafts.tolist())),
                             self._logprobs(verify.entries, logits, pad, emitted, counts), proposals, forced,
-                            draft_probs=probs)
+                            draft_probs=probs, prompt_logprobs=prompt_lp)
 
     def _start_masks(self, verify: VerifyLayout) -> PendingMasks | None:
         """Start the grammar masks of the sampling requests' verify rows."""

@@ -23,6 +23,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n logprobs per token, plus the sampled one (0: it only)
+    prompt_logprobs: int | None = None  # the same for every prompt token after the first (skips the prefix cache)
     skip_special_tokens: bool = True
     detokenize: bool = True  # False: outputs carry token ids only (text ""), no per-step decoding
     speculate: bool = True  # False: this request opts out of speculative decoding
@@ -54,8 +55,10 @@ class SamplingParams:
             raise bad("max_tokens", self.max_tokens, ">= 1")
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise bad("min_tokens", self.min_tokens, f"in [0, max_tokens={self.max_tokens}]")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise bad("logprobs", self.logprobs, f"None or in [0, {MAX_LOGPROBS}]")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS):
+                raise bad(name, value, f"None or in [0, {MAX_LOGPROBS}]")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise bad(name, getattr(self, name), "in [-2, 2] (0 = off)")

@@ -1,4 +1,5 @@
 """Prometheus metrics of a server, under the ``eyas:`` prefix with vLLM's names where vLLM has one.
+Every series of a known label set (the model, each finish reason) is exported from the start, at zero.
 
 The engine thread calls ``observe_step`` after every step; ``/metrics`` calls ``render`` with the
 loop's snapshot. Counters that mirror engine totals (preemptions, speculation) advance by the
@@ -21,6 +22,7 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.
                    80.0, 160.0, 640.0)
 TOKEN_GAP_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
                      5.0, 10.0)
+FINISH_REASONS = ("stop", "length", "abort")
 
 
 class ServerMetrics:
@@ -55,6 +57,12 @@ class ServerMetrics:
         self.spec_accepted = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted")
         self.spec_accepted_per_pos = counter("spec_decode_num_accepted_tokens_per_pos",
                                              "Draft tokens accepted, by position in the draft", ("position",))
+        for metric in (self.prompt_tokens, self.generation_tokens, self.ttft, self.tpot, self.e2e, self.running,
+                       self.waiting, self.kv_usage, self.preemptions, self.spec_drafts, self.spec_draft_tokens,
+                       self.spec_accepted):
+            metric.labels(model_name)  # exported as zeros from the start, as vLLM does
+        for reason in FINISH_REASONS:
+            self.request_success.labels(model_name, reason)
         self._spec_seen = {"num_steps": 0, "num_drafted": 0, "num_accepted": 0, "accepted_per_position": []}
         self._preemptions_seen = 0
         self._tokens_seen: dict[str, int] = {}  # request id -> generated tokens counted so far

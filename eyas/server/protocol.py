@@ -16,7 +16,7 @@ vLLM 0.12 on) and vLLM's older ``guided_json``, ``guided_regex``, ``guided_choic
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -57,7 +57,8 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
 
-    def sampling_params(self, defaults: dict, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, defaults: dict, max_tokens: int, logprobs: int | None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
         """``defaults``: the model's sampling defaults; ``max_tokens``: already resolved. ValueError names the field."""
         def pick(name: str, api_default):
             value = getattr(self, name)
@@ -67,6 +68,7 @@ class _Sampling(BaseModel):
             n=self.n, temperature=pick("temperature", 1.0), top_p=pick("top_p", 1.0), top_k=pick("top_k", 0),
             min_p=pick("min_p", 0.0), max_tokens=max_tokens, min_tokens=self.min_tokens, seed=self.seed,
             stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens, speculate=self.speculate,
             presence_penalty=pick("presence_penalty", 0.0), frequency_penalty=pick("frequency_penalty", 0.0),
             repetition_penalty=pick("repetition_penalty", 1.0), logit_bias=self.logit_bias,
@@ -89,21 +91,26 @@ class _Sampling(BaseModel):
                 raise ValueError(f"structured_outputs: {unknown} not supported; give one of json, json_object, regex, "
                                  f"choice, grammar")
             return dict(value)
-        kind = value.get("type")
-        if kind == "text":
-            return None
-        if kind == "json_object":
-            return {"json_object": True}
-        if kind == "json_schema":
-            schema = (value.get("json_schema") or {}).get("schema")
-            if schema is None:
-                raise ValueError("response_format: type json_schema needs json_schema.schema (the JSON schema)")
-            return {"json": schema}
-        raise ValueError(f"response_format: type {kind!r} is not one of 'text', 'json_object', 'json_schema'")
+        return format_output(value.get("type"), (value.get("json_schema") or {}).get("schema"), "response_format",
+                             "json_schema.schema")
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+
+def format_output(kind, schema, field: str, schema_field: str) -> dict | None:
+    """An OpenAI output format (``response_format``, the Responses API's ``text.format``) as
+    ``SamplingParams.structured_output``; ValueError naming ``field``."""
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "json_schema":
+        if schema is None:
+            raise ValueError(f"{field}: type json_schema needs {schema_field} (the JSON schema)")
+        return {"json": schema}
+    raise ValueError(f"{field}: type {kind!r} is not one of 'text', 'json_object', 'json_schema'")
 
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
@@ -137,14 +144,16 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list | None = None  # assistant: [{"id", "type": "function", "function": {"name", "arguments"}}]
+    tool_call_id: str | None = None  # tool: the call it answers
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
         parts = []
         for part in self.content:
-            if part.type != "text":
-                raise ValueError(f"messages: content part type '{part.type}' is not supported (text only)")
+            if part.type not in ("text", "input_text", "output_text"):
+                raise ValueError(f"content part type '{part.type}' is not supported (text only)")
             parts.append(part.text or "")
         return "".join(parts)
 
@@ -156,14 +165,31 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
-    tools: list | None = None
+    continue_final_message: bool = False  # the reply continues the last (assistant) message: a prefill
+    tools: Any = None  # checked by eyas.tools.ToolRequest, whose errors name the field inside it
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
 
     def conversation(self) -> list[dict]:
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+        """The messages as dicts for ``eyas.tools.render``, which checks their tool fields."""
+        out = []
+        for i, m in enumerate(self.messages):
+            try:
+                entry = {"role": m.role, "content": m.text()}
+            except ValueError as error:
+                raise ValueError(f"messages[{i}].content: {error}") from None
+            for field in ("tool_calls", "tool_call_id"):
+                if getattr(m, field) is not None:
+                    entry[field] = getattr(m, field)
+            out.append(entry)
+        return out
 
 
 # fields of the OpenAI API eyas does not implement: refused by name instead of silently ignored
 UNSUPPORTED = {
     CompletionRequest: {"suffix": "suffix (insertion) is not supported", "best_of": "best_of is not supported; use n"},
-    ChatCompletionRequest: {"tools": "tool calling is not supported"},
+    ChatCompletionRequest: {"functions": "the deprecated functions API is not supported; send tools",
+                            "function_call": "the deprecated functions API is not supported; send tool_choice"},
 }

@@ -1,5 +1,6 @@
 """OpenAI response bodies built from eyas outputs: completions and chat completions, whole and as
-stream chunks, with logprobs, usage and (optionally) per-request speculation figures."""
+stream chunks, with logprobs (``bytes``: a token's exact bytes, also for part of a character), usage,
+tool calls and (optionally) per-request speculation figures."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import time
 
 from eyas.engine.outputs import CompletionOutput, RequestOutput
 from eyas.model.tokenizer import Tokenizer
+from eyas.server.tool_stream import call_id
+from eyas.tools import ToolRequest, parse_reply
 
 
 def usage(outputs: list[RequestOutput]) -> dict:
@@ -22,6 +25,24 @@ def spec_figures(spec: dict) -> dict:
             "mean_acceptance_length": spec.get("mean_acceptance_length", 1.0),
             "num_accepted_tokens_per_pos": spec.get("accepted_per_position", []),
             "acceptance_rate_per_pos": spec.get("per_position_acceptance", [])}
+
+
+def _ends_on_stop_token(completion: CompletionOutput) -> bool:
+    return (completion.finish_reason == "stop" and isinstance(completion.stop_reason, int)
+            and completion.token_ids[-1:] == [completion.stop_reason])
+
+
+def chat_message(completion: CompletionOutput, tools: ToolRequest | None) -> tuple[dict, str | None]:
+    """The assistant message of a whole reply and its finish reason (``"tool_calls"`` when it ended on calls)."""
+    if tools is None or not tools.callable:
+        return {"role": "assistant", "content": completion.text}, completion.finish_reason
+    reply = parse_reply(completion.text)
+    message = {"role": "assistant", "content": reply.content or None}
+    if not reply.calls:
+        return message, completion.finish_reason
+    message["tool_calls"] = [{"id": call_id(), "type": "function",
+                              "function": {"name": c.name, "arguments": c.arguments}} for c in reply.calls]
+    return message, "tool_calls" if completion.finish_reason == "stop" else completion.finish_reason
 
 
 class Formatter:
@@ -50,9 +71,10 @@ class Formatter:
             for token_id, entry in zip(ids, entries):
                 best = sorted(entry.items(), key=lambda kv: -kv[1])[:top]
                 text = self._token(token_id)
-                content.append({"token": text, "logprob": entry[token_id], "bytes": list(text.encode()),
+                content.append({"token": text, "logprob": entry[token_id],
+                                "bytes": list(self.tokenizer.token_bytes(token_id)),
                                 "top_logprobs": [{"token": self._token(t), "logprob": lp,
-                                                  "bytes": list(self._token(t).encode())} for t, lp in best]})
+                                                  "bytes": list(self.tokenizer.token_bytes(t))} for t, lp in best]})
             return {"content": content}
         tokens = [self._token(t) for t in ids]
         offsets, offset = [], text_offset
@@ -64,21 +86,36 @@ class Formatter:
                                  for e in entries],
                 "text_offset": offsets}
 
+    def _with_prompt(self, out: RequestOutput, logprobs: dict, top: int) -> dict:
+        """A completion's logprobs after its echoed prompt's (``echo`` with ``logprobs``): the first prompt
+        token has none (``null``), as in OpenAI's and vLLM's answers."""
+        tokens = [self._token(t) for t in out.prompt_token_ids]
+        offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+        sampled = [None if e is None else e[t] for t, e in zip(out.prompt_token_ids, out.prompt_logprobs)]
+        best = [None if e is None else {self._token(t): lp for t, lp in sorted(e.items(), key=lambda kv: -kv[1])[:top]}
+                for e in out.prompt_logprobs]
+        return {"tokens": tokens + logprobs["tokens"], "token_logprobs": sampled + logprobs["token_logprobs"],
+                "top_logprobs": best + logprobs["top_logprobs"], "text_offset": offsets + logprobs["text_offset"]}
+
     # -- whole responses -------------------------------------------------------------------------------
-    def response(self, outputs: list[RequestOutput], n: int, top: int, echo: list[str] | None = None) -> dict:
-        """``outputs``: one per prompt; choice index = prompt index * n + sample index."""
+    def response(self, outputs: list[RequestOutput], n: int, top: int, echo: list[str] | None = None,
+                 tools: ToolRequest | None = None) -> dict:
+        """``outputs``: one per prompt; choice index = prompt index * n + sample index; ``tools``: a chat
+        request's, whose replies are read for tool calls."""
         choices = []
         for i, out in enumerate(outputs):
             for completion in out.outputs:
                 index = i * n + completion.index
                 logprobs = self.logprobs(completion, 0, len(completion.token_ids), 0, top)
                 if self.chat:
-                    choice = {"index": index, "message": {"role": "assistant", "content": completion.text},
-                              "logprobs": logprobs, "finish_reason": completion.finish_reason}
+                    message, reason = chat_message(completion, tools)
+                    choice = {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
                 else:
                     text = (echo[i] if echo else "") + completion.text
                     if logprobs is not None and echo:
                         logprobs["text_offset"] = [o + len(echo[i]) for o in logprobs["text_offset"]]
+                        if out.prompt_logprobs is not None:
+                            logprobs = self._with_prompt(out, logprobs, top)
                     choice = {"index": index, "text": text, "logprobs": logprobs,
                               "finish_reason": completion.finish_reason}
                 choices.append(choice)
@@ -88,18 +125,20 @@ class Formatter:
         return body
 
     # -- stream chunks ---------------------------------------------------------------------------------
-    def chunk(self, index: int, text: str, finish_reason: str | None, logprobs: dict | None = None,
-              first: bool = False, sources: tuple[CompletionOutput, int] | None = None) -> dict:
-        """``sources``: (completion, first new token): list the new tokens and whether each was an accepted draft."""
+    def chunk(self, index: int, piece: str | dict, finish_reason: str | None, logprobs: dict | None = None,
+              sources: tuple[CompletionOutput, int] | None = None) -> dict:
+        """``piece``: a chat choice's delta (a dict), a completion's new text. ``sources``: (completion, first new
+        token): list the new tokens and whether each was an accepted draft; the stop token that ended the
+        completion is not content, so it is not listed."""
         if self.chat:
-            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": piece, "logprobs": logprobs, "finish_reason": finish_reason}
         else:
-            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+            choice = {"index": index, "text": piece, "logprobs": logprobs, "finish_reason": finish_reason}
         if sources is not None:
             completion, start = sources
+            end = len(completion.token_ids) - _ends_on_stop_token(completion)
             choice["token_sources"] = [{"text": self._token(t), "draft": d} for t, d in
-                                       zip(completion.token_ids[start:], completion.drafted[start:])]
+                                       zip(completion.token_ids[start:end], completion.drafted[start:end])]
         return {**self._envelope(True), "choices": [choice]}
 
     def usage_chunk(self, outputs: list[RequestOutput]) -> dict:

@@ -13,7 +13,8 @@ import threading
 import uvicorn
 
 from eyas.llm import LLM
-from eyas.server.app import ServerSettings, build_app
+from eyas.server.app import build_app
+from eyas.server.service import ServerSettings
 
 GRACE_SECONDS = 30
 

@@ -1,0 +1,94 @@
+"""The grammar that makes a reply's tool calls valid by construction (llguidance's Lark dialect).
+
+* ``"required"`` or a named function: the reply is calls only, from its first token;
+* ``"auto"``: a *lazy* grammar: free text, unconstrained, until the text holds ``<tool_call>``
+  (a lazy lexeme ends at the first match of its trigger); from there the rest is calls;
+* ``"none"``: no grammar.
+
+Each call is ``\\n{"name": "<one of the callable tools>", "arguments": <that tool's schema>}\\n</tool_call>``
+with JSON's fixed separators (``eyas.sampling.grammar.JSON_FORMAT``); ``parallel_tool_calls`` lets more
+calls follow (``\\n<tool_call>`` before each). Everything but the argument values is forced once the
+name is chosen: the wrapper, the keys, the punctuation, a single-choice enum. The engine drafts those
+tokens for free under every drafter (``eyas.spec.grammar_drafts``). Objects that list their
+``properties`` take no other keys (``closed``).
+
+Example (auto, one tool ``f`` with an integer ``x``, not parallel)::
+
+    %llguidance {}
+    start: free | lead calls
+    free: TEXT
+    TEXT: /(.|\\n)*/
+    lead[lazy]: TEXT "<tool_call>"
+    calls: call
+    call: "\\n" (call_0) "\\n</tool_call>"
+    call_0: "{\\"name\\": \\"f\\", \\"arguments\\": " args_0 "}"
+    args_0: %json {"type": "object", "properties": {"x": {"type": "integer"}}, "x-guidance": {...}}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from eyas.sampling.grammar import JSON_FORMAT
+from eyas.sampling.params import SamplingParams
+from eyas.tools.parse import CLOSE, TRIGGER
+from eyas.tools.spec import ToolRequest
+
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
+LITERALS = ("enum", "const", "default", "examples", "required")  # values, not schemas
+
+
+def tool_grammar(request: ToolRequest) -> str | None:
+    """The Lark grammar of a reply under ``request``; None when the reply is free (tool_choice "none")."""
+    tools = request.callable
+    if not tools:
+        return None
+    lines = ["%llguidance {}"]
+    if request.choice == "auto":
+        lines += ["start: free | lead calls", "free: TEXT", r"TEXT: /(.|\n)*/", f"lead[lazy]: TEXT {json.dumps(TRIGGER)}"]
+    else:
+        lines += [f"start: {json.dumps(TRIGGER)} calls"]
+    more = f" ({json.dumps(chr(10) + TRIGGER)} call)*" if request.parallel else ""
+    lines += [f"calls: call{more}",
+              f"call: \"\\n\" ({' | '.join(f'call_{i}' for i in range(len(tools)))}) {json.dumps(chr(10) + CLOSE)}"]
+    for i, tool in enumerate(tools):
+        head = json.dumps(f'{{"name": {json.dumps(tool.name)}, "arguments": ')
+        schema = {**closed(tool.parameters), "x-guidance": JSON_FORMAT}
+        lines += [f'call_{i}: {head} args_{i} "}}"', f"args_{i}: %json {json.dumps(schema)}"]
+    return "\n".join(lines) + "\n"
+
+
+def closed(schema):
+    """The schema with ``additionalProperties: false`` on every object that lists ``properties`` and leaves it out.
+
+    A call then holds the keys its tool declares and no invented ones (as OpenAI's strict mode asks);
+    what it writes still validates against the schema as given. Example: ``{"properties": {"city": {...}}}``
+    becomes ``{"properties": {"city": {...}}, "additionalProperties": false}``.
+    """
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in LITERALS:
+            out[key] = value
+        elif key in SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: closed(sub) for name, sub in value.items()}
+        else:
+            out[key] = closed(value)
+    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
+def constrain(params: SamplingParams, request: ToolRequest | None) -> SamplingParams:
+    """``params`` with the tool grammar as its structured output (unchanged when no tool may be called)."""
+    grammar = tool_grammar(request) if request is not None else None
+    if grammar is None:
+        return params
+    if params.structured_output is not None:
+        raise ValueError(f"tools: tool_choice {request.choice!r} constrains the reply, so it cannot also follow a "
+                         f"structured output format; drop one of them")
+    return dataclasses.replace(params, structured_output={"grammar": grammar})
