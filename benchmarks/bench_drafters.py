@@ -15,7 +15,7 @@ many as given; an MTP folder holds only its layers), on held-out ShareGPT conver
   every draft verified (``adaptive_draft_length`` off), beside the default adaptive drafting. The plain
   engine and every speculative one take turns call by call (batch 1: prompt by prompt), so a host whose
   speed drifts slows them alike. ``--suffix`` adds rows with suffix decoding in
-  front of the drafter (``enable_suffix_decoding``, ``eyas.spec.suffix_hybrid``), saying how many request
+  front of the drafter (``enable_suffix_decoding``, ``eyas.spec_decode.suffix_hybrid``), saying how many request
   rows took suffix decoding's drafts and how many the drafter's.
 
 ``--random``: the old cost-only mode, random EAGLE-1 / EAGLE-3 / MTP drafters (they accept almost
@@ -56,7 +56,7 @@ from eyas.drafters import shipped_drafter
 from eyas.model.drafters import Eagle1Drafter, Eagle3Drafter, MtpDrafter, TargetParts, save_drafter
 from eyas.model.loader import load_model
 from eyas.model.resolve import resolve_model
-from eyas.spec.suffix_hybrid import SuffixHybrid
+from eyas.spec_decode.suffix_hybrid import SuffixHybrid
 
 
 def _randomize(module: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -111,7 +111,7 @@ def _timed(llm, timings: list[tuple[float, bool]]) -> None:
 
 def _rows_taken(llm) -> tuple[int, int]:
     """(rows that took suffix decoding's drafts, rows the drafter drafted) so far with ``enable_suffix_decoding``
-    (``eyas.spec.suffix_hybrid``); (0, 0) without."""
+    (``eyas.spec_decode.suffix_hybrid``); (0, 0) without."""
     proposer = llm.engine.runner.proposer
     return (proposer.suffix_rows, proposer.drafter_rows) if isinstance(proposer, SuffixHybrid) else (0, 0)
 

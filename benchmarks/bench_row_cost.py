@@ -25,7 +25,7 @@ import time
 from bench_common import cpu_line, weight_mode
 
 from eyas import LLM, SamplingParams
-from eyas.spec.adaptive import RowCost
+from eyas.spec_decode.adaptive import RowCost
 
 ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
 PREFIX = 192  # tokens: whole blocks of 16, so all of them are cached

@@ -14,7 +14,7 @@ with every draft verified: a step proposes a draft for the tokens so far, accept
 that equals the recorded continuation (exactly what shared-noise verification accepts), and appends
 the accepted tokens plus one. Drafters, all with depth 24, k 12, factor 1, min token prob 0.1:
 
-* ``eyas``: ``eyas.spec.suffix_tree`` (loaded from its file, no torch needed), the request's own tree
+* ``eyas``: ``eyas.spec_decode.suffix_tree`` (loaded from its file, no torch needed), the request's own tree
   plus a global tree of the outputs of the requests before it, as ``SuffixProposer`` does;
 * ``arctic, same trees``: ArcticInference's C++ ``SuffixTree`` in the same two roles, so only the trees
   and their speculation differ (ties: eyas takes the most recent continuation, Arctic its hash map's

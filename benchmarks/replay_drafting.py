@@ -36,10 +36,10 @@ from bench_spec import workloads  # noqa: E402
 
 from eyas import LLM  # noqa: E402
 from eyas.core.step import DoneRequest  # noqa: E402
-from eyas.spec.adaptive import DraftBudget, RowCost, allocate_drafts  # noqa: E402
-from eyas.spec.config import SpeculativeConfig  # noqa: E402
-from eyas.spec.proposer import ProposerInput  # noqa: E402
-from eyas.spec.registry import proposer_class  # noqa: E402
+from eyas.spec_decode.adaptive import DraftBudget, RowCost, allocate_drafts  # noqa: E402
+from eyas.spec_decode.config import SpeculativeConfig  # noqa: E402
+from eyas.spec_decode.proposer import ProposerInput  # noqa: E402
+from eyas.spec_decode.registry import proposer_class  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

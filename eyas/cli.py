@@ -36,7 +36,7 @@ def _engine_args(parser: argparse.ArgumentParser, speculative: bool = True) -> N
     if not speculative:
         return
     s = parser.add_argument_group("speculative decoding")
-    from eyas.spec.registry import option_fields, proposer_methods
+    from eyas.spec_decode.registry import option_fields, proposer_methods
 
     s.add_argument("--spec-method", default=None, choices=proposer_methods(), help="drafting method (default: none)")
     s.add_argument("--spec-tokens", type=int, default=None,
@@ -74,7 +74,7 @@ def _sampling_args(parser: argparse.ArgumentParser, max_tokens: int) -> None:
 def _spec_config(args) -> dict | None:
     if args.spec_method is None:
         return None
-    from eyas.spec.registry import option_fields, proposer_class
+    from eyas.spec_decode.registry import option_fields, proposer_class
 
     config = {"method": args.spec_method}
     if args.spec_verification is not None:
@@ -283,7 +283,7 @@ def cmd_regenerate(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from eyas.spec.extract_hidden_states import parse_layer_ids
+    from eyas.spec_decode.extract_hidden_states import parse_layer_ids
 
     parser = argparse.ArgumentParser(prog="eyas", description="eyas: a compact LLM inference engine")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -126,7 +126,7 @@ class EngineConfig:
     device: torch.device
     seed: int = 0
     enforce_eager: bool = False  # no CUDA graphs (they are used on CUDA only)
-    speculative: Any = None  # eyas.spec.config.SpeculativeConfig; None = no speculation
+    speculative: Any = None  # eyas.spec_decode.config.SpeculativeConfig; None = no speculation
     quantization: str | None = None  # None, "gguf", "int8" or "bf16" (see resolve_quantization)
     matmul_precision: str = "highest"  # the quantized weights' products (see resolve_matmul_precision)
 

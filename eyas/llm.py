@@ -18,8 +18,8 @@ from eyas.model.tokenizer import Tokenizer
 from eyas.model.weight_policy import resolve_matmul_precision, resolve_quantization
 from eyas.sampling.defaults import sampling_defaults
 from eyas.sampling.params import SamplingParams
-from eyas.spec.config import SpeculativeConfig
-from eyas.spec.speculator import speculators_redirect
+from eyas.spec_decode.config import SpeculativeConfig
+from eyas.spec_decode.speculator import speculators_redirect
 from eyas.tools import ToolRequest, parse_reply
 from eyas.tools.grammar import constrain
 from eyas.tools.render import render_chat

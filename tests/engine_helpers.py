@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from eyas import SamplingParams
-from eyas.spec.proposer import ProposerInput
+from eyas.spec_decode.proposer import ProposerInput
 
 
 def run_counting_preemptions(llm, prompts: list[list[int]], params) -> tuple[list, int]:

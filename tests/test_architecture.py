@@ -95,11 +95,11 @@ def test_circles_finds_a_circle():
 
 
 @pytest.mark.parametrize("lower, upper", [
-    ("eyas.core", ("eyas.engine", "eyas.runner", "eyas.spec", "eyas.llm", "eyas.server")),
+    ("eyas.core", ("eyas.engine", "eyas.runner", "eyas.spec_decode", "eyas.llm", "eyas.server")),
     ("eyas.runner", ("eyas.engine", "eyas.llm", "eyas.server")),
-    ("eyas.spec", ("eyas.engine", "eyas.runner", "eyas.llm", "eyas.server", "eyas.jobs")),
-    ("eyas.model", ("eyas.engine", "eyas.runner", "eyas.spec", "eyas.llm", "eyas.server", "eyas.jobs")),
-    ("eyas.kernels", ("eyas.model", "eyas.engine", "eyas.runner", "eyas.spec")),
+    ("eyas.spec_decode", ("eyas.engine", "eyas.runner", "eyas.llm", "eyas.server", "eyas.jobs")),
+    ("eyas.model", ("eyas.engine", "eyas.runner", "eyas.spec_decode", "eyas.llm", "eyas.server", "eyas.jobs")),
+    ("eyas.kernels", ("eyas.model", "eyas.engine", "eyas.runner", "eyas.spec_decode")),
     ("eyas.engine", ("eyas.train", "eyas.jobs", "eyas.server")),
 ])
 def test_layers_point_one_way(lower, upper):

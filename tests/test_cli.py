@@ -34,7 +34,7 @@ def test_generate_with_hidden_state_extraction_names_the_file(tiny_models, tmp_p
 
 
 def test_generate_with_suffix_decoding_keeps_its_cache_file(tiny_models, tmp_path, capsys):
-    from eyas.spec.suffix import load_outputs
+    from eyas.spec_decode.suffix import load_outputs
 
     cache = tmp_path / "suffix.cache"
     args = ["generate", "hello there", "--model", str(tiny_models["llama"]), "--max-tokens", "6", "--kv-cache-gb", "0.01",
@@ -46,7 +46,7 @@ def test_generate_with_suffix_decoding_keeps_its_cache_file(tiny_models, tmp_pat
 
 
 def test_generate_with_suffix_decoding_in_front_of_a_drafter(drafters, tmp_path, capsys):
-    from eyas.spec.suffix import load_outputs
+    from eyas.spec_decode.suffix import load_outputs
 
     cache = tmp_path / "suffix.cache"
     args = ["generate", "hello there", "--model", str(drafters.target), "--max-tokens", "6", "--kv-cache-gb", "0.01",

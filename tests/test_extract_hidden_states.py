@@ -122,7 +122,7 @@ def test_output_dir_that_is_a_file_is_refused(tiny_models, tmp_path):
 
 
 def test_other_methods_refuse_extraction_options(tmp_path):
-    from eyas.spec.config import SpeculativeConfig
+    from eyas.spec_decode.config import SpeculativeConfig
 
     with pytest.raises(ValueError, match="output_dir: not used by method 'ngram'"):
         SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2, "output_dir": str(tmp_path)})

@@ -7,8 +7,8 @@ import pytest
 
 from eyas import LLM, SamplingParams
 from eyas.cli import _spec_config, build_parser
-from eyas.spec import registry
-from eyas.spec.config import SpeculativeConfig
+from eyas.spec_decode import registry
+from eyas.spec_decode.config import SpeculativeConfig
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from eyas.spec.config import SpeculativeConfig
-from eyas.spec.ngram import NgramProposer, propose_ngram
-from eyas.spec.proposer import ProposerInput
-from eyas.spec.registry import proposer_class
+from eyas.spec_decode.config import SpeculativeConfig
+from eyas.spec_decode.ngram import NgramProposer, propose_ngram
+from eyas.spec_decode.proposer import ProposerInput
+from eyas.spec_decode.registry import proposer_class
 
 
 def brute_force(history: list[int], min_n: int, max_n: int, k: int) -> list[int]:

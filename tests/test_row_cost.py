@@ -10,7 +10,7 @@ from test_gguf_quantized import write_quantized_gguf
 from eyas import LLM
 from eyas.model import quantized as Q
 from eyas.runner import row_cost
-from eyas.spec.adaptive import RowCost, allocate_drafts
+from eyas.spec_decode.adaptive import RowCost, allocate_drafts
 
 pytestmark = pytest.mark.skipif(not Q.kernel_available(), reason="no C compiler: the quantized kernel cannot be built")
 

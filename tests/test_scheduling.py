@@ -119,8 +119,8 @@ def test_expected_drafts_equal_what_the_next_step_verifies():
     from eyas.engine.draft_planner import DraftRecord
     from eyas.engine.scheduler import Scheduler
     from eyas.kv.manager import KVCacheGroupSpec, KVCacheManager
-    from eyas.spec.adaptive import DraftBudget, Evidence, RowCost
-    from eyas.spec.config import SpeculativeConfig
+    from eyas.spec_decode.adaptive import DraftBudget, Evidence, RowCost
+    from eyas.spec_decode.config import SpeculativeConfig
 
     k = 4
     kv = KVCacheManager([KVCacheGroupSpec("target", ("layers",), 1)], 512, 16, enable_prefix_caching=False)

@@ -316,10 +316,10 @@ def test_token_sources_leave_out_the_stop_token():
     tok = Tokenizer.from_folder(resolve_model(None))
     ids = tok.encode("Hi there", add_special_tokens=False)
     fmt = Formatter(tok, "m", "id", chat=True, spec_metrics=False)
-    ended = CompletionOutput(0, "Hi there", ids + [2], "stop", 2, drafted=[False, True, True])
+    ended = CompletionOutput(0, "Hi there", ids + [2], "stop", 2, from_draft=[False, True, True])
     sources = fmt.chunk(0, {"content": "Hi there"}, "stop", sources=(ended, 0))["choices"][0]["token_sources"]
     assert "".join(s["text"] for s in sources) == "Hi there" and [s["draft"] for s in sources] == [False, True]
-    cut = CompletionOutput(0, "Hi there", ids, "length", None, drafted=[False, True])
+    cut = CompletionOutput(0, "Hi there", ids, "length", None, from_draft=[False, True])
     assert len(fmt.chunk(0, {}, "length", sources=(cut, 0))["choices"][0]["token_sources"]) == len(ids)
 
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from eyas import LLM, SamplingParams
-from eyas.spec import registry
-from eyas.spec.proposer import Proposer, ProposerOutput
+from eyas.spec_decode import registry
+from eyas.spec_decode.proposer import Proposer, ProposerOutput
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 SEEDED = SamplingParams(temperature=0.8, top_p=0.95, seed=11, max_tokens=40, ignore_eos=True)
@@ -219,7 +219,7 @@ def test_draft_model_with_other_vocabulary_is_refused(spec_models, tmp_path):
 
 
 def test_adaptive_draft_budget_follows_the_documented_example():
-    from eyas.spec.adaptive import DraftBudget
+    from eyas.spec_decode.adaptive import DraftBudget
 
     b = DraftBudget.start(4)
     seen = []
@@ -231,7 +231,7 @@ def test_adaptive_draft_budget_follows_the_documented_example():
 
 
 def test_acceptance_estimate_is_decayed_accepted_over_accepted_plus_rejections():
-    from eyas.spec.adaptive import DraftBudget
+    from eyas.spec_decode.adaptive import DraftBudget
 
     b = DraftBudget.start(8)
     assert b.acceptance() == 0.5  # the prior alone
@@ -247,7 +247,7 @@ def test_acceptance_estimate_is_decayed_accepted_over_accepted_plus_rejections()
 def test_after_a_miss_drafts_are_priced_by_what_followed_earlier_misses():
     """Two estimates: verifications after an accepted draft and after a verification that accepted none
     each count toward their own, and the request's last verification picks the one its drafts are priced by."""
-    from eyas.spec.adaptive import DraftBudget
+    from eyas.spec_decode.adaptive import DraftBudget
 
     b = DraftBudget.start(1)
     b.update(1, 1)  # first verification (after-hit state): accepted
@@ -265,7 +265,7 @@ def test_after_a_miss_drafts_are_priced_by_what_followed_earlier_misses():
 def test_budget_peek_is_the_next_limit_and_estimate_without_side_effects():
     import copy
 
-    from eyas.spec.adaptive import DraftBudget
+    from eyas.spec_decode.adaptive import DraftBudget
 
     b = DraftBudget.start(4)
     peeked = []
@@ -286,7 +286,7 @@ def test_budget_peek_is_the_next_limit_and_estimate_without_side_effects():
 def test_a_request_the_cost_model_skips_is_retried_as_its_evidence_fades():
     """The documented example: at 8 decoding rows (c = 0.07) a request at 0.29 gets no draft; after 10 steps
     without drafts its estimate is back at 0.36 and its first draft is verified again."""
-    from eyas.spec.adaptive import DraftBudget, Evidence, RowCost, allocate_drafts
+    from eyas.spec_decode.adaptive import DraftBudget, Evidence, RowCost, allocate_drafts
 
     b = DraftBudget(k=4, limit=4, after_hit=Evidence(accepted=1.0, rejections=4.0))
     others = [(4, 0.2, 0)] * 7
@@ -298,7 +298,7 @@ def test_a_request_the_cost_model_skips_is_retried_as_its_evidence_fades():
 
 
 def test_draft_allocation_follows_the_documented_examples():
-    from eyas.spec.adaptive import RowCost, allocate_drafts
+    from eyas.spec_decode.adaptive import RowCost, allocate_drafts
 
     line = RowCost.linear
 
@@ -327,7 +327,7 @@ def test_draft_allocation_follows_the_documented_examples():
 def test_draft_allocation_looks_past_a_jump_in_the_row_cost():
     """An earlier kernel's GGUF curve: a 5th row costs 0.60 of a forward after 0.12 for the 4th, so a 4th draft
     alone never pays; at acceptance 0.95 all 8 drafts do (7.40 tokens for 2.70 beat 3.71 for 1.47), at 0.90 not."""
-    from eyas.spec.adaptive import RowCost, allocate_drafts
+    from eyas.spec_decode.adaptive import RowCost, allocate_drafts
 
     gguf = RowCost(((1, 1.0), (2, 1.12), (3, 1.35), (4, 1.47), (5, 2.07), (6, 2.18), (8, 2.53), (10, 2.87)))
     assert allocate_drafts([(8, 0.95, 0)], num_rows=1, cost=gguf, max_drafts=64) == [8]

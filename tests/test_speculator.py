@@ -31,7 +31,7 @@ def _llm(drafters, case, spec_over=None, **over):
     method, key = CASES[case]
     folder = drafters.folders[key]
     target = folder if method == "mtp" else str(drafters.target)
-    # these tests check what is drafted, not whether a drafter's step pays (eyas.spec.adaptive): free steps
+    # these tests check what is drafted, not whether a drafter's step pays (eyas.spec_decode.adaptive): free steps
     spec = {"method": method, "num_speculative_tokens": K, "draft_step_cost": 0.0, **(spec_over or {})}
     if method != "mtp":
         spec["model"] = folder
@@ -116,7 +116,7 @@ def test_speculators_folder_gives_the_default_k(drafters):
 
 def _record_drafts(llm, proposer=None) -> dict:
     """Wrap the proposer (``proposer``: the one inside the engine's): ``records`` gets (tokens, drafts) of every row
-    it drafts, ``caught_up`` those of rows that skipped steps before (``eyas.spec.catch_up``), ``skipped`` counts
+    it drafts, ``caught_up`` those of rows that skipped steps before (``eyas.spec_decode.catch_up``), ``skipped`` counts
     the rows it left out."""
     proposer = proposer or llm.engine.runner.proposer
     seen = {"records": [], "caught_up": [], "skipped": 0}

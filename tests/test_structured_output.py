@@ -14,8 +14,8 @@ from conftest import K
 from scipy import stats
 
 from eyas import LLM, SamplingParams
-from eyas.spec import registry
-from eyas.spec.proposer import Proposer, ProposerOutput
+from eyas.spec_decode import registry
+from eyas.spec_decode.proposer import Proposer, ProposerOutput
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "size", "tag", "flags", "at"],
           "properties": {"name": {"type": "string", "maxLength": 6},
@@ -124,7 +124,7 @@ def test_forced_drafts_are_always_accepted_and_counted(tiny_models, temperature)
     m = out.spec_metrics
     assert (m["num_steps"], m["num_drafted"], m["num_accepted"], m["num_forced"], m["num_forced_accepted"]) == \
         (2, 7, 7, 7, 7)
-    assert out.outputs[0].drafted == [False, True, True, True, True, False, True, True, True]  # a..h, EOS
+    assert out.outputs[0].from_draft == [False, True, True, True, True, False, True, True, True]  # a..h, EOS
 
     # a JSON schema on random prompts: forced drafts (keys, punctuation) are a large share, all accepted
     outs = llm.generate(_prompts(8), SamplingParams(temperature=temperature, seed=1, max_tokens=128,

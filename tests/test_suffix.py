@@ -18,9 +18,9 @@ from engine_helpers import host_input, run_counting_preemptions
 
 from eyas import LLM, SamplingParams
 from eyas.core.step import DoneRequest
-from eyas.spec.config import SpeculativeConfig
-from eyas.spec.suffix import SuffixProposer, load_outputs, longest_draft, save_outputs
-from eyas.spec.suffix_tree import SuffixTree
+from eyas.spec_decode.config import SpeculativeConfig
+from eyas.spec_decode.suffix import SuffixProposer, load_outputs, longest_draft, save_outputs
+from eyas.spec_decode.suffix_tree import SuffixTree
 
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 SUFFIX = {"method": "suffix", "verification": "shared_noise"}
@@ -251,7 +251,7 @@ def test_bad_cache_file_is_refused_by_name(target, tmp_path):
 # temporary file ("renaming") and waits a second before it: a kill then always interrupts a save.
 _SAVER = """
 import os, sys, time
-from eyas.spec.suffix import save_outputs
+from eyas.spec_decode.suffix import save_outputs
 path, rename = sys.argv[1], os.replace
 def announced_rename(src, dst):
     print("renaming", flush=True)

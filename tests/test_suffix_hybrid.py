@@ -10,10 +10,10 @@ from conftest import K
 from engine_helpers import host_input, run_counting_preemptions
 
 from eyas import LLM, SamplingParams
-from eyas.spec.config import SpeculativeConfig
-from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
-from eyas.spec.suffix import SuffixProposer
-from eyas.spec.suffix_hybrid import SuffixHybrid
+from eyas.spec_decode.config import SpeculativeConfig
+from eyas.spec_decode.proposer import Proposer, ProposerInput, ProposerOutput
+from eyas.spec_decode.suffix import SuffixProposer
+from eyas.spec_decode.suffix_hybrid import SuffixHybrid
 
 CPU = SimpleNamespace(device=torch.device("cpu"))
 

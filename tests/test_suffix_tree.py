@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from eyas.spec.suffix_tree import SuffixTree, best_draft
+from eyas.spec_decode.suffix_tree import SuffixTree, best_draft
 
 
 # -- brute force: scan every occurrence ------------------------------------------------------------------

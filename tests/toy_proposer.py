@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from eyas.spec.options import MethodOptions, option
-from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
+from eyas.spec_decode.options import MethodOptions, option
+from eyas.spec_decode.proposer import Proposer, ProposerInput, ProposerOutput
 
 
 @dataclass(frozen=True)

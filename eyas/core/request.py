@@ -44,7 +44,7 @@ class Request:
     num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING
     spec_stats: SpecStats = field(default_factory=SpecStats)
-    drafted: list[bool] = field(default_factory=list)  # per output token: an accepted draft (else the target's own)
+    from_draft: list[bool] = field(default_factory=list)  # per output token: an accepted draft (else the target's own)
     first_token_time: float | None = None
     finish_time: float | None = None
 

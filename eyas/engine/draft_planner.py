@@ -2,7 +2,7 @@
 
 The scheduler owns the planner: it keeps the drafts the proposer made for a request (with their grammar-forced
 flags and the drafter's probabilities, which it passes back to the runner untouched), the request's adaptive
-draft budget (``eyas.spec.adaptive``), and decides, across a batch, how many of each request's drafts are worth
+draft budget (``eyas.spec_decode.adaptive``), and decides, across a batch, how many of each request's drafts are worth
 their rows this step (``plan``) and how many the next step is expected to verify (``expected``, which a drafter
 reads to skip the requests whose drafts would be dropped).
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eyas.core.request import Request
-from eyas.spec.adaptive import FREE_ROWS, DraftBudget, RowCost, allocate_drafts
+from eyas.spec_decode.adaptive import FREE_ROWS, DraftBudget, RowCost, allocate_drafts
 
 
 @dataclass

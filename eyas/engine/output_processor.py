@@ -91,7 +91,7 @@ class OutputProcessor:
         if stop_reason is None and request.status.finish_reason == "stop" and request.output_token_ids:
             stop_reason = request.output_token_ids[-1]
         completion = CompletionOutput(0, state.text, list(request.output_token_ids), request.status.finish_reason,
-                                      stop_reason if finished else None, state.logprobs, list(request.drafted))
+                                      stop_reason if finished else None, state.logprobs, list(request.from_draft))
         metrics = RequestMetrics(request.arrival_time, request.first_token_time, request.finish_time,
                                  request.num_output_tokens)
         return RequestOutput(request.request_id, state.prompt, request.prompt_token_ids, [completion], finished,

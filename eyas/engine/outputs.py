@@ -32,7 +32,7 @@ class CompletionOutput:
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     logprobs: list[dict[int, float]] | None = None  # per token: {token id: logprob}, the sampled one included
-    drafted: list[bool] = field(default_factory=list)  # per token: an accepted draft (True) or the target's sample
+    from_draft: list[bool] = field(default_factory=list)  # per token: an accepted draft (True) or the target's sample
     tool_calls: list | None = None  # LLM.chat with tools: the reply's calls (eyas.tools.ToolCall), else None
 
 

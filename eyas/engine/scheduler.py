@@ -1,7 +1,7 @@
 """Continuous batching with chunked prefill, prefix caching and preemption by recompute.
 
 Every step the scheduler hands out a token budget: running requests first, then the drafts
-worth verifying (``eyas.spec.adaptive``), then waiting requests, whose prompts are cut into
+worth verifying (``eyas.spec_decode.adaptive``), then waiting requests, whose prompts are cut into
 chunks that fit what is left. A request samples only in the step whose chunk reaches its
 last known token. When blocks run out, the most recently admitted running request is
 preempted: its blocks are freed and it goes back to the front of the queue to be
@@ -24,10 +24,10 @@ from eyas.core.request import Request, RequestStatus
 from eyas.core.step import RunnerOutput, ScheduledRequest, SchedulerOutput
 from eyas.engine.draft_planner import NO_DRAFTS, DraftPlanner, Drafts
 from eyas.kv.manager import KVCacheManager
-from eyas.spec.adaptive import FREE_ROWS, RowCost
+from eyas.spec_decode.adaptive import FREE_ROWS, RowCost
 
 if TYPE_CHECKING:
-    from eyas.spec.config import SpeculativeConfig
+    from eyas.spec_decode.config import SpeculativeConfig
 
 
 class Scheduler:
@@ -190,7 +190,7 @@ class Scheduler:
                 request.first_token_time = now
             for j, token in enumerate(emitted):
                 request.token_ids.append(token)
-                request.drafted.append(j < num_accepted)
+                request.from_draft.append(j < num_accepted)
                 if request.grammar is not None:
                     request.grammar.advance(token)
                 if self._stop_reason(request, token) is not None:

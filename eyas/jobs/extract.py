@@ -40,7 +40,7 @@ from eyas.data.sharegpt import Conversation, conversations, first_turns, without
 from eyas.jobs.regenerate import DEFAULT_MAX_LEN, conversation_seed, regenerate_replies, reply_sampling, reply_seed
 from eyas.model.resolve import resolve_model
 from eyas.sampling.params import SamplingParams
-from eyas.spec.extract_hidden_states import LAYER_CONVENTION
+from eyas.spec_decode.extract_hidden_states import LAYER_CONVENTION
 
 logger = logging.getLogger("eyas")
 

@@ -41,10 +41,10 @@ from eyas.sampling.penalties import penalize
 from eyas.sampling.rejection import VerifyResult, greedy_verify, rejection_sample, shared_noise_verify
 from eyas.sampling.row_ops import argmax
 from eyas.sampling.sampler import Sampler, SamplingBatch, raw_logprobs
-from eyas.spec.adaptive import RowCost
-from eyas.spec.grammar_drafts import grammar_drafts
-from eyas.spec.proposer import ProposerInput, ProposerOutput
-from eyas.spec.registry import make_proposer
+from eyas.spec_decode.adaptive import RowCost
+from eyas.spec_decode.grammar_drafts import grammar_drafts
+from eyas.spec_decode.proposer import ProposerInput, ProposerOutput
+from eyas.spec_decode.registry import make_proposer
 
 
 @dataclass
@@ -71,7 +71,7 @@ class ModelRunner:
         if self.proposer is not None:
             self.model.set_aux_layer_ids(self.proposer.aux_layer_ids)
         self.verification = spec.verification if spec else "shared_noise"
-        self._grammar_seconds = 0.0  # spent walking drafts under grammars (eyas.spec.grammar_drafts)
+        self._grammar_seconds = 0.0  # spent walking drafts under grammars (eyas.spec_decode.grammar_drafts)
         self.target = LayoutForward(self.model, self.backend, engine_graphs(config, self.backend), 0, self.block_size,
                                     config.max_blocks_per_request, self.device)
         self.masks = MaskFiller(config.model.vocab_size)

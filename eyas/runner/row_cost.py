@@ -29,7 +29,7 @@ from torch import nn
 from eyas.cache import cache_dir
 from eyas.kernels import cpu_key
 from eyas.model.quantized import QuantLinear
-from eyas.spec.adaptive import RowCost
+from eyas.spec_decode.adaptive import RowCost
 
 ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
 REPEATS = 5

@@ -138,7 +138,7 @@ class Formatter:
             completion, start = sources
             end = len(completion.token_ids) - _ends_on_stop_token(completion)
             choice["token_sources"] = [{"text": self._token(t), "draft": d} for t, d in
-                                       zip(completion.token_ids[start:end], completion.drafted[start:end])]
+                                       zip(completion.token_ids[start:end], completion.from_draft[start:end])]
         return {**self._envelope(True), "choices": [choice]}
 
     def usage_chunk(self, outputs: list[RequestOutput]) -> dict:

@@ -9,7 +9,7 @@ Each call is ``\\n{"name": "<one of the callable tools>", "arguments": <that too
 with JSON's fixed separators (``eyas.sampling.grammar.JSON_FORMAT``); ``parallel_tool_calls`` lets more
 calls follow (``\\n<tool_call>`` before each). Everything but the argument values is forced once the
 name is chosen: the wrapper, the keys, the punctuation, a single-choice enum. The engine drafts those
-tokens for free under every drafter (``eyas.spec.grammar_drafts``). Objects that list their
+tokens for free under every drafter (``eyas.spec_decode.grammar_drafts``). Objects that list their
 ``properties`` take no other keys (``closed``).
 
 Example (auto, one tool ``f`` with an integer ``x``, not parallel)::

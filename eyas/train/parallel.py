@@ -29,7 +29,7 @@ Worked example: T = 4, K = 3, order [2, 0, 3, 1], n = [4, 2, 1]: depth 1 at anch
     (1,0): 1 0 0 0 | 0 1 | 0         at position 1, scored against p_2
     (2,2): 1 1 1 0 | 1 0 | 1         at position 4
 
-At inference (``eyas.spec.speculator``) the rows of depth d >= 1 are the mask rows after the row that
+At inference (``eyas.spec_decode.speculator``) the rows of depth d >= 1 are the mask rows after the row that
 gave the first draft: they see the drafter's cache up to the anchor and the mask rows before them, as
 here. The depth-0 block runs through the fused causal kernel; the rows of depth d are ``n_d`` queries
 against the ``T`` depth-0 keys (masked past their anchor) and their own d diagonal keys, so memory

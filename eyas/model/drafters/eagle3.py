@@ -18,7 +18,7 @@ one layer's 1.454, at two thirds of the training speed.
 Parallel drafting (P-EAGLE, ``parallel_depths`` K > 0): depth 0 is the step above over the target's aux
 states; depth d = 1 .. K-1 is a row at position ``anchor + d`` fed the mask token and ``mask_hidden``
 ``[1, n_aux * Ht]`` (a learned stand-in for the aux states, through the same ``fc``), predicting the token
-d places after depth 0's. All depths run in one forward; ``eyas.spec.speculator`` lays them out.
+d places after depth 0's. All depths run in one forward; ``eyas.spec_decode.speculator`` lays them out.
 
 The aux states are concatenated in ascending layer order, as the target's
 ``ModelOutput.aux_hidden.flatten(1)`` lays them out.

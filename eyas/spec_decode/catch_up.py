@@ -2,8 +2,8 @@
 
 The draft prefill keeps the drafter's KV cache in step with the target's: every step it runs over the
 verification layout, pairing the token after each position with the target's hidden state there
-(``eyas.spec.speculator``). When the scheduler expects to verify no drafts of a sampling request next step
-(``ProposerInput.expected_drafts`` 0, see ``eyas.spec.adaptive``), the speculator leaves that request out of
+(``eyas.spec_decode.speculator``). When the scheduler expects to verify no drafts of a sampling request next step
+(``ProposerInput.expected_drafts`` 0, see ``eyas.spec_decode.adaptive``), the speculator leaves that request out of
 the step entirely: no prefill rows, no draft head, no decode steps. So that it can draft again later:
 
 * every step, the hidden states the prefill reads go to a paged store, for every row of the layout: a
@@ -28,7 +28,7 @@ Cost: the store holds the drafter's input of every token, ``len(aux_layer_ids) *
 and EAGLE-3's own 1,536. It exists with adaptive drafting only, the one mode in which a request is told 0.
 Prefix caching: a block filled while its request was left out has no drafter entries at those positions; a
 request that shares it drafts over them without catching up (outputs are unaffected, acceptance can dip),
-like the stale entry of a shared block described in ``eyas.spec.speculator``.
+like the stale entry of a shared block described in ``eyas.spec_decode.speculator``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import torch
 from eyas.kv.manager import KVCacheGroupSpec
 from eyas.model.attention import block_table_tensor, layout_slots
 from eyas.model.cache_only import CacheOnlyLayer
-from eyas.spec.proposer import ProposerInput
+from eyas.spec_decode.proposer import ProposerInput
 
 
 @dataclass

@@ -15,16 +15,16 @@ import importlib
 from dataclasses import Field, fields
 
 PROPOSERS = {
-    "ngram": ("eyas.spec.ngram", "NgramProposer"),
-    "suffix": ("eyas.spec.suffix", "SuffixProposer"),
-    "draft_model": ("eyas.spec.draft_model", "DraftModelProposer"),
-    "eagle": ("eyas.spec.speculator", "EagleSpeculator"),
-    "eagle3": ("eyas.spec.speculator", "Eagle3Speculator"),
-    "mtp": ("eyas.spec.speculator", "MtpSpeculator"),
-    "extract_hidden_states": ("eyas.spec.extract_hidden_states", "ExtractHiddenStatesProposer"),
+    "ngram": ("eyas.spec_decode.ngram", "NgramProposer"),
+    "suffix": ("eyas.spec_decode.suffix", "SuffixProposer"),
+    "draft_model": ("eyas.spec_decode.draft_model", "DraftModelProposer"),
+    "eagle": ("eyas.spec_decode.speculator", "EagleSpeculator"),
+    "eagle3": ("eyas.spec_decode.speculator", "Eagle3Speculator"),
+    "mtp": ("eyas.spec_decode.speculator", "MtpSpeculator"),
+    "extract_hidden_states": ("eyas.spec_decode.extract_hidden_states", "ExtractHiddenStatesProposer"),
 }
 WRAPPERS = {
-    "suffix_hybrid": ("eyas.spec.suffix_hybrid", "SuffixHybrid"),
+    "suffix_hybrid": ("eyas.spec_decode.suffix_hybrid", "SuffixHybrid"),
 }
 
 

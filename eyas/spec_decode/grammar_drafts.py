@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from eyas.spec.proposer import ProposerInput, ProposerOutput
+from eyas.spec_decode.proposer import ProposerInput, ProposerOutput
 
 
 def grammar_drafts(inp: ProposerInput, out: ProposerOutput) -> ProposerOutput:

@@ -1,7 +1,7 @@
 """Suffix decoding in front of a model drafter: ``speculative_config={"method": "eagle3", ...,
 "enable_suffix_decoding": true}`` (ArcticInference's option of the same name, for its own model drafters).
 
-Each step, suffix decoding (``eyas.spec.suffix``: the request's own text and every earlier output) drafts
+Each step, suffix decoding (``eyas.spec_decode.suffix``: the request's own text and every earlier output) drafts
 first, for every sampling request. A request whose suffix draft scores at least k (the model drafter's
 ``num_speculative_tokens``; the score is the sum of the draft tokens' estimated probabilities, its expected
 accepted length if the estimates were right) takes that draft, up to suffix decoding's own longest draft;
@@ -14,10 +14,10 @@ repeated across requests) but has nothing to say about fresh prose, so the two a
 
 The model drafter is told to skip the requests that take suffix drafts (``ProposerInput.expected_drafts``
 0: a hidden-state drafter leaves them out and catches up when it drafts for them again,
-``eyas.spec.catch_up``), so it spends nothing on them. Both keep their state as they would alone: suffix
+``eyas.spec_decode.catch_up``), so it spends nothing on them. Both keep their state as they would alone: suffix
 decoding appends every committed token to its trees, the drafter's caches follow the verification layout.
 The engine's lookahead grows to ``SpeculativeConfig.max_drafts`` (the longer of k and suffix decoding's
-longest draft, ``SuffixHybridOptions.max_drafts``), and its cost model (``eyas.spec.adaptive``) decides, as for
+longest draft, ``SuffixHybridOptions.max_drafts``), and its cost model (``eyas.spec_decode.adaptive``) decides, as for
 any proposer, how many drafts are verified.
 
 Example (k = 1): request A's last tokens were seen before, and suffix decoding offers [5, 9, 2] with
@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import torch
 
 from eyas.core.step import DoneRequest
-from eyas.spec.config import SpeculativeConfig
-from eyas.spec.options import option
-from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
-from eyas.spec.suffix import SuffixOptions, SuffixProposer
+from eyas.spec_decode.config import SpeculativeConfig
+from eyas.spec_decode.options import option
+from eyas.spec_decode.proposer import Proposer, ProposerInput, ProposerOutput
+from eyas.spec_decode.suffix import SuffixOptions, SuffixProposer
 
 
 @dataclass(frozen=True)

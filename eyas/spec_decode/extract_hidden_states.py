@@ -35,8 +35,8 @@ from eyas.data.hidden_states_writer import HiddenStatesWriter
 from eyas.kv.manager import KVCacheGroupSpec
 from eyas.model.attention import block_table_tensor, layout_slots
 from eyas.model.cache_only import CacheOnlyLayer
-from eyas.spec.options import MethodOptions, option
-from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
+from eyas.spec_decode.options import MethodOptions, option
+from eyas.spec_decode.proposer import Proposer, ProposerInput, ProposerOutput
 
 LAYER_CONVENTION = "vllm"  # aux id k = the residual stream entering decoder layer k
 

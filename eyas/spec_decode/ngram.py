@@ -12,8 +12,8 @@ from itertools import chain
 import numpy as np
 import torch
 
-from eyas.spec.options import MethodOptions, option
-from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
+from eyas.spec_decode.options import MethodOptions, option
+from eyas.spec_decode.proposer import Proposer, ProposerInput, ProposerOutput
 
 
 def propose_ngram(history: np.ndarray, min_n: int, max_n: int, k: int) -> np.ndarray:

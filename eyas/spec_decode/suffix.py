@@ -1,7 +1,7 @@
 """Suffix decoding (ArcticInference; vLLM's ``method: "suffix"``): model-free drafts from the request's own
 text and from every earlier request's output.
 
-Two depth-bounded suffix trees (``eyas.spec.suffix_tree``) answer each step:
+Two depth-bounded suffix trees (``eyas.spec_decode.suffix_tree``) answer each step:
 
 * one per request, over its prompt and outputs, appended token by token as they are committed
   (created at the request's first sampling step, dropped when it ends);
@@ -17,7 +17,7 @@ request's own only with a higher score (the sum of its tokens' probabilities). E
 tree offers [7, 8] with probabilities [1.0, 0.5] (score 1.5) and the global tree [7, 8, 9] with
 [1.0, 0.9, 0.9] (score 2.8): [7, 8, 9] is proposed. Drafts carry no probabilities (one-hot, as
 n-gram's); their length varies per request and step, and the scheduler's cost model
-(``eyas.spec.adaptive``) decides how many are verified. A request the scheduler expects to verify none of
+(``eyas.spec_decode.adaptive``) decides how many are verified. A request the scheduler expects to verify none of
 (``ProposerInput.expected_drafts`` 0) still has the step's tokens appended to its tree but gets no tree
 walk: at batch 16 the walks cost about 2 ms a step (4% of a forward) on chat prompts whose drafts the cost
 model rejects.
@@ -45,9 +45,9 @@ import torch
 
 from eyas.config import MAX_SPECULATIVE_TOKENS
 from eyas.core.step import DoneRequest
-from eyas.spec.options import MethodOptions, option
-from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
-from eyas.spec.suffix_tree import Draft, SequenceWriter, SuffixTree, best_draft
+from eyas.spec_decode.options import MethodOptions, option
+from eyas.spec_decode.proposer import Proposer, ProposerInput, ProposerOutput
+from eyas.spec_decode.suffix_tree import Draft, SequenceWriter, SuffixTree, best_draft
 
 logger = logging.getLogger("eyas")
 
@@ -227,7 +227,7 @@ class SuffixProposer(Proposer):
 
     def propose_scored(self, inp: ProposerInput) -> tuple[ProposerOutput, list[float]]:
         """``propose``, and each row's draft score [R] (the sum of its tokens' estimated probabilities; 0: no
-        draft), which ``eyas.spec.suffix_hybrid`` weighs against a model drafter."""
+        draft), which ``eyas.spec_decode.suffix_hybrid`` weighs against a model drafter."""
         R, k = len(inp.request_ids), self.k
         scores = [0.0] * R
         emitted = inp.emitted.tolist()  # [R][k'+1]

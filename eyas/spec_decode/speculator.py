@@ -11,7 +11,7 @@ Every step, right after verification and before any device-to-host copy:
    get throw-away tokens and their cache entries are rewritten by later steps. Each step layer
    (MTP: each MTP layer) writes its own KV-cache group over the layout.
 2. The row of the last emitted token's predecessor gives the first draft, sampled at the
-   position where it will be verified (``eyas.spec.draft_sampling``).
+   position where it will be verified (``eyas.spec_decode.draft_sampling``).
 3. **Draft decode**: k-1 single-token steps fed with the previous draft and the previous step's
    feedback hidden state, using step layer ``j % num_step_layers``. Positions advance one per
    step unless the drafter declares otherwise; a drafter whose positions stay put overwrites its
@@ -29,7 +29,7 @@ drafts them instead.
 
 A request the scheduler expects to verify no drafts of next step (``ProposerInput.expected_drafts``
 0) is left out of all three, and its skipped positions are caught up by the prefill of the step it
-drafts again (``eyas.spec.catch_up``): the prefill runs over a ``DraftBatch``, the layout's requests
+drafts again (``eyas.spec_decode.catch_up``): the prefill runs over a ``DraftBatch``, the layout's requests
 that draft or fill a prompt chunk, each query extended back over its gap.
 
 No device-to-host sync: row indices come from host-side layout sizes plus the device-side
@@ -69,10 +69,10 @@ from eyas.model.attention import AttentionBatch, UniformBatch, block_table_tenso
 from eyas.model.cuda_graphs import UniformLayout, engine_graphs, pad_table, table_width
 from eyas.model.drafters.checkpoint import load_drafter
 from eyas.model.forward_context import ForwardContext, forward_context
-from eyas.spec.catch_up import CatchUp, DraftBatch
-from eyas.spec.draft_sampling import DraftSampler
-from eyas.spec.options import MethodOptions, option
-from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
+from eyas.spec_decode.catch_up import CatchUp, DraftBatch
+from eyas.spec_decode.draft_sampling import DraftSampler
+from eyas.spec_decode.options import MethodOptions, option
+from eyas.spec_decode.proposer import Proposer, ProposerInput, ProposerOutput
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,8 @@ class HiddenStateSpeculator(Proposer):
         self.layers = self.drafter.attention_layers()
         self.max_blocks = config.max_blocks_per_request
         self.graphs = engine_graphs(config, self.backend)
-        # only adaptive drafting tells a request 0 (``eyas.spec.adaptive``); the store costs memory (eyas.spec.catch_up)
+        # only adaptive drafting tells a request 0 (``eyas.spec_decode.adaptive``); the store costs memory
+        # (eyas.spec_decode.catch_up)
         width = config.model.hidden_size * (len(self.aux_layer_ids) if self.drafter.target_hidden == "aux" else 1)
         self.catch_up = CatchUp(width, self.block_size, self.dtype, self.device) if spec.adaptive_draft_length else None
 
@@ -157,7 +158,7 @@ class HiddenStateSpeculator(Proposer):
 
     def step_cost(self, device_type: str) -> float:
         """What leaving every request out of a step saves, on a CPU, in one-row forwards of the target: not the
-        whole draft step, since a left-out request's rows are caught up later (``eyas.spec.catch_up``) and a step
+        whole draft step, since a left-out request's rows are caught up later (``eyas.spec_decode.catch_up``) and a step
         that drafts for nobody still builds its inputs. Timed for the shipped EAGLE-3 drafter at batch 1: 0.10-0.14
         on 1 thread, 0.16 on 2 (benchmarks/README.md, ``bench_drafters.py``). An MTP step runs the target's whole
         head and costs about 1.35x as much, so for MTP the figure is low. On CUDA its graphs make it small: 0."""

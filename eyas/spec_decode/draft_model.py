@@ -38,9 +38,9 @@ from eyas.model.cuda_graphs import engine_graphs, pad_table, table_width
 from eyas.model.layout_forward import LayoutForward
 from eyas.model.loader import load_model
 from eyas.model.resolve import resolve_model
-from eyas.spec.draft_sampling import DraftSampler
-from eyas.spec.options import MethodOptions, option
-from eyas.spec.proposer import Proposer, ProposerInput, ProposerOutput
+from eyas.spec_decode.draft_sampling import DraftSampler
+from eyas.spec_decode.options import MethodOptions, option
+from eyas.spec_decode.proposer import Proposer, ProposerInput, ProposerOutput
 
 
 @dataclass(frozen=True)

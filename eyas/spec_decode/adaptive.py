@@ -79,7 +79,7 @@ therefore tells the proposer, per sampling request, how many drafts it expects t
 (``Scheduler._expected_drafts``): ``peek`` (the limit, and the estimate after this step's fade) and
 ``allocate_drafts`` over the rows the next step will have, side-effect free, as if this step's
 verification brought no evidence. A proposer may skip a request told 0 (a hidden-state
-drafter then leaves it out entirely, ``eyas.spec.catch_up``). A skipped request is not starved: its
+drafter then leaves it out entirely, ``eyas.spec_decode.catch_up``). A skipped request is not starved: its
 expectation comes from its budget alone, never from the drafts it holds, so a request skipped this
 step is offered its full limit again at the next; a request the cost model rejects is retried as
 above. Where even

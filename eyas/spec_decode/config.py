@@ -7,9 +7,9 @@ from dataclasses import dataclass, fields
 from functools import cached_property
 
 from eyas.config import MAX_SPECULATIVE_TOKENS
-from eyas.spec.adaptive import FREE_ROWS, RowCost
-from eyas.spec.options import MethodOptions
-from eyas.spec.registry import PROPOSERS, WRAPPERS, proposer_class, wrapper_class
+from eyas.spec_decode.adaptive import FREE_ROWS, RowCost
+from eyas.spec_decode.options import MethodOptions
+from eyas.spec_decode.registry import PROPOSERS, WRAPPERS, proposer_class, wrapper_class
 
 VERIFICATION_MODES = ("rejection", "shared_noise")
 
@@ -17,7 +17,7 @@ VERIFICATION_MODES = ("rejection", "shared_noise")
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """Validated speculative settings: what every method shares, the method's own ``options`` (its proposer's
-    ``Options``, ``eyas.spec.options``) and the ``wrappers`` switched on in front of it. ``from_dict`` takes vLLM's
+    ``Options``, ``eyas.spec_decode.options``) and the ``wrappers`` switched on in front of it. ``from_dict`` takes vLLM's
     flat dict and routes each key to whoever reads it.
 
     ``verification``: ``"rejection"`` (Leviathan et al.; drafts without probabilities count as one-hot; output

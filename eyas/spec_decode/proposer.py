@@ -1,9 +1,9 @@
 """The proposer interface: one input dataclass in, one output dataclass out; proposers are picked by name from
-``eyas.spec.registry``.
+``eyas.spec_decode.registry``.
 
 A proposer never reaches into the scheduler or the runner. The runner calls ``propose``
 once per step, after verification, for the requests that sampled this step, and then walks the drafts of
-requests with a grammar (``eyas.spec.grammar_drafts``), for every method alike.
+requests with a grammar (``eyas.spec_decode.grammar_drafts``), for every method alike.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from eyas.core.step import DoneRequest
-from eyas.spec.options import MethodOptions
+from eyas.spec_decode.options import MethodOptions
 
 
 @dataclass
@@ -82,7 +82,7 @@ class Proposer(ABC):
     """A drafting method. Class attributes declare what it needs from the engine."""
 
     method: ClassVar[str]
-    Options: ClassVar[type[MethodOptions]] = MethodOptions  # its keys of speculative_config (eyas.spec.options)
+    Options: ClassVar[type[MethodOptions]] = MethodOptions  # its keys of speculative_config (eyas.spec_decode.options)
     needs_hidden_states: ClassVar[bool] = False  # target's last hidden states of the verification forward
     aux_layer_ids: tuple[int, ...] = ()  # target aux layers it reads (vLLM convention); set before the first step
 
@@ -99,7 +99,7 @@ class Proposer(ABC):
     def step_cost(self, device_type: str) -> float:
         """What this proposer's work costs in a step in which some request drafts, as a fraction of a one-row target
         forward, where it leaves out the rows told 0 (``ProposerInput.expected_drafts``): the cost model charges it
-        to the steps that verify drafts (``eyas.spec.adaptive``). 0: drafting is cheap, or it runs whatever it is
+        to the steps that verify drafts (``eyas.spec_decode.adaptive``). 0: drafting is cheap, or it runs whatever it is
         told. ``SpeculativeConfig.draft_step_cost`` overrides it."""
         return 0.0
 

@@ -28,7 +28,7 @@ import torch
 from eyas.sampling.grammar import allowed_tokens
 from eyas.sampling.row_ops import argmax, gumbel_argmax
 from eyas.sampling.sampler import Sampler, SamplingBatch, probabilities
-from eyas.spec.proposer import ProposerInput
+from eyas.spec_decode.proposer import ProposerInput
 
 DRAFT_NOISE_STREAM = 3  # rejection mode: the drafter's own randomness, independent of the target's
 
