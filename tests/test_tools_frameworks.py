@@ -1,7 +1,7 @@
 """Agent frameworks nobody here wrote, end to end against ``eyas serve`` on the real default model:
 pydantic-ai's default structured output (``output_type=``, sent as a tool the model must call) and
-langchain-openai's ``bind_tools``. Skipped where the packages are not installed (they are not in the
-test extra: ``pip install "pydantic-ai-slim[openai]" langchain-openai``)."""
+langchain-openai's ``bind_tools``. Both are in the test extra; a test is skipped where its package is not
+installed (eyas installed as a library without the extra)."""
 
 from __future__ import annotations
 
