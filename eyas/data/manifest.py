@@ -48,6 +48,16 @@ def write_json_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def pin_settings(path: Path, settings: dict, refusal: str) -> None:
+    """A job's settings: written the first time, and a job resumed with other settings is refused
+    (``refusal`` formats ``{changed}``, the keys that differ)."""
+    changed = changed_settings(path, settings)
+    if changed:
+        raise ValueError(refusal.format(changed=", ".join(changed)))
+    if changed is None:
+        write_json_atomic(path, settings)
+
+
 def changed_settings(path: Path, settings: dict) -> list[str] | None:
     """Keys whose value differs from the settings pinned in ``path`` (a JSON file); None if nothing is pinned."""
     if not path.is_file():

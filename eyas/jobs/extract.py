@@ -35,9 +35,9 @@ from pathlib import Path
 from eyas.config import ModelConfig
 from eyas.data.chat import build_loss_mask
 from eyas.data.hidden_states_writer import TMP_SUFFIX
-from eyas.data.manifest import Journal, build_manifest, changed_settings, mask_to_runs, write_json_atomic
+from eyas.data.manifest import Journal, build_manifest, mask_to_runs, pin_settings, write_json_atomic
 from eyas.data.sharegpt import Conversation, conversations, first_turns, without_leading_replies
-from eyas.jobs.regenerate import DEFAULT_MAX_LEN, conversation_seed, regenerate_replies, reply_sampling, reply_seed
+from eyas.jobs.regenerate import DEFAULT_MAX_LEN, check_counts, conversation_seed, regenerate_replies, reply_sampling, reply_seed
 from eyas.model.resolve import resolve_model
 from eyas.sampling.params import SamplingParams
 from eyas.spec_decode.extract_hidden_states import LAYER_CONVENTION
@@ -83,10 +83,7 @@ def run_extract(data: str, out: str | Path, *, model: str | None = None, layers:
     ``seed`` apply, as in ``eyas regenerate``). ``llm_kwargs`` go to ``LLM`` (dtype, num_threads, kv_cache_gb, ...)."""
     from eyas.llm import LLM
 
-    if max_samples is not None and max_samples < 1:
-        raise ValueError(f"max_samples: {max_samples} must be >= 1")
-    if max_turns is not None and max_turns < 1:
-        raise ValueError(f"max_turns: {max_turns} must be >= 1")
+    check_counts(max_samples, max_turns)
     if regen_max_tokens < 2:
         raise ValueError(f"regen_max_tokens: {regen_max_tokens} must be >= 2 (a reply's last token has no state)")
     if temperature != 0 and not regenerate:
@@ -147,13 +144,9 @@ def run_extract(data: str, out: str | Path, *, model: str | None = None, layers:
 
 
 def _pin_job(path: Path, header: dict) -> None:
-    pinned = {k: v for k, v in header.items() if k != "files"}
-    changed = changed_settings(path, pinned)
-    if changed:
-        raise ValueError(f"out: {path.parent} holds a job with other settings ({', '.join(changed)} differ); "
-                         "resume with the same settings or use a new folder")
-    if changed is None:
-        write_json_atomic(path, pinned)
+    pin_settings(path, {k: v for k, v in header.items() if k != "files"},
+                 f"out: {path.parent} holds a job with other settings ({{changed}} differ); resume with the same "
+                 "settings or use a new folder")
 
 
 def _progress(total: int, num_done: int):

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from eyas.config import ModelConfig
-from eyas.data.manifest import Journal, changed_settings, write_json_atomic
+from eyas.data.manifest import Journal, pin_settings
 from eyas.data.sharegpt import Conversation, conversations, first_turns, without_leading_replies
 from eyas.model.resolve import resolve_model
 from eyas.sampling.params import SamplingParams
@@ -38,6 +38,14 @@ logger = logging.getLogger("eyas")
 
 DEFAULT_MAX_LEN = 2048  # tokens of a rendered conversation a job keeps
 ROUNDS = 1024  # replies a conversation can have a seed for: its seeds are seed + 0 .. seed + ROUNDS - 1
+
+
+def check_counts(max_samples: int | None, max_turns: int | None) -> None:
+    """The conversation counts both jobs take: None (all) or at least 1."""
+    if max_samples is not None and max_samples < 1:
+        raise ValueError(f"max_samples: {max_samples} must be >= 1")
+    if max_turns is not None and max_turns < 1:
+        raise ValueError(f"max_turns: {max_turns} must be >= 1")
 
 
 def reply_sampling(temperature: float, top_p: float, top_k: int, seed: int, max_tokens: int) -> dict | None:
@@ -124,10 +132,7 @@ def run_regenerate(data: str, out: str | Path, *, model: str | None = None, max_
     out = Path(out)
     if out.suffix != ".jsonl":
         raise ValueError(f"out: '{out}' must name a .jsonl file (the regenerated conversations)")
-    if max_samples is not None and max_samples < 1:
-        raise ValueError(f"max_samples: {max_samples} must be >= 1")
-    if max_turns is not None and max_turns < 1:
-        raise ValueError(f"max_turns: {max_turns} must be >= 1")
+    check_counts(max_samples, max_turns)
     if max_tokens < 1:
         raise ValueError(f"max_tokens: {max_tokens} must be >= 1")
     if chunk_size < 1:
@@ -142,12 +147,8 @@ def run_regenerate(data: str, out: str | Path, *, model: str | None = None, max_
                 "max_turns": max_turns, "max_tokens": max_tokens, "max_len": max_len,
                 "dtype": str(llm.engine.config.dtype).removeprefix("torch."),
                 "sampling": None if sampling is None else {**sampling, "seed": seed}}
-    changed = changed_settings(job, settings)
-    if changed:
-        raise ValueError(f"out: {out} was written with other settings ({', '.join(changed)} differ); resume with "
-                         "the same settings or write another file")
-    if changed is None:
-        write_json_atomic(job, settings)
+    pin_settings(job, settings, f"out: {out} was written with other settings ({{changed}} differ); resume with "
+                 "the same settings or write another file")
     journal = Journal(out)
     done = journal.read()
     todo = ((f"{i:06d}", c) for i, c in enumerate(itertools.islice(conversations(data), max_samples)))
