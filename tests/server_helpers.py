@@ -6,6 +6,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -29,12 +30,15 @@ class Server:
         import os
 
         env = {**os.environ, **(self.env or {})}
-        self.proc = subprocess.Popen([sys.executable, "-m", "eyas.cli", "serve", *self.args], stdout=subprocess.PIPE,
+        # the server's output goes to a file, not a pipe: a pipe nobody drains fills up, and a server that logs
+        # a lot (a fuzzing run's refusals) would then block on its next write and stop answering
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "eyas.cli", "serve", *self.args], stdout=self.log,
                                      stderr=subprocess.STDOUT, text=True, env=env)
         deadline = time.time() + 120
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"eyas serve exited {self.proc.returncode}: {self.proc.stdout.read()}")
+                raise RuntimeError(f"eyas serve exited {self.proc.returncode}: {self.output()}")
             try:
                 with urllib.request.urlopen(f"{self.base}/health", timeout=1) as r:
                     if r.status == 200:
@@ -51,6 +55,12 @@ class Server:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+    def output(self) -> str:
+        """What the server has printed so far (stdout and stderr)."""
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
 
     def metric(self, name: str, labels: str = "") -> float:
         """One sample of /metrics, e.g. metric("eyas:request_success_total", 'finished_reason="abort"')."""

@@ -155,7 +155,7 @@ def test_api_key_required_and_compared(tiny_models):
 def test_default_bind_address_is_loopback(server):
     args = build_parser().parse_args(["serve"])
     assert (args.host, args.port) == ("127.0.0.1", 8000)
-    line = next(line for line in server.proc.stdout if line.startswith("eyas serve:"))
+    line = next(line for line in server.output().splitlines() if line.startswith("eyas serve:"))
     assert banner(line) == {"url": f"http://127.0.0.1:{server.port}", "model": "tiny",
                                                     "speculation": "none"}
 
@@ -332,5 +332,5 @@ def test_a_client_that_times_out_leaves_no_traceback_in_the_log(tiny_models):
                                                                   "ignore_eos": True}, timeout=0.3)
         ok = httpx.post(server.base + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
         assert ok.status_code == 200
-    log = server.proc.stdout.read()
+    log = server.output()
     assert "never retrieved" not in log and "Traceback" not in log, log

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from eyas.server.protocol import ChatCompletionRequest, ChatMessage
 from eyas.server.service import ApiError, Service, param_of
@@ -23,7 +23,7 @@ class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     add_special_tokens: bool | None = None  # default: true for a prompt, false for messages (the template has them)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
