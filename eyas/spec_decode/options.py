@@ -16,7 +16,7 @@ the ``eyas`` command makes its flags from the same fields, so an option is writt
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import Field, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -37,11 +37,6 @@ class MethodOptions:
     @classmethod
     def keys(cls) -> frozenset[str]:
         return frozenset(f.name for f in fields(cls))
-
-    @classmethod
-    def flagged(cls) -> list[Field]:
-        """The fields with a command-line flag."""
-        return [f for f in fields(cls) if f.metadata.get("flag")]
 
     def changed(self) -> list[str]:
         """The keys whose value is not the default, in field order."""

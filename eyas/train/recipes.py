@@ -39,6 +39,7 @@ class Recipe(ABC):
     method: ClassVar[str]
     uses_aux: ClassVar[bool]  # step 0 reads the aux streams (else the target's normed last state)
     vllm_loads: ClassVar[bool]  # vLLM serves the exported folder as it is (its model card says how)
+    trains_parallel: ClassVar[bool] = False  # can train parallel drafting depths (--parallel-drafting)
 
     def __init__(self, target: nn.Module, max_positions: int):
         self.target = target
@@ -89,6 +90,7 @@ class Eagle3Recipe(Recipe):
     method = "eagle3"
     uses_aux = True
     vllm_loads = True  # the SafeAILab / SpecForge layout
+    trains_parallel = True
 
     MASK_TOKEN_ID = 0  # fed at depths >= 1 of a parallel drafter; its embedding is the target's, frozen
 

@@ -99,8 +99,9 @@ class TrainConfig:
         need(1 <= self.unroll_steps <= 16, f"unroll_steps: {self.unroll_steps} must be in [1, 16]")
         need(self.parallel_depths == 0 or 2 <= self.parallel_depths <= 16,
              f"parallel_depths: {self.parallel_depths} must be 0 (a chain drafter) or in [2, 16]")
-        need(self.parallel_depths == 0 or self.method == "eagle3",
-             f"parallel_depths: parallel drafting trains eagle3 drafters, not {self.method}")
+        parallel = [m for m, recipe in RECIPES.items() if recipe.trains_parallel]
+        need(self.parallel_depths == 0 or self.method in parallel,
+             f"parallel_depths: parallel drafting trains {', '.join(parallel)} drafters, not {self.method}")
         need(0 < self.depth_keep <= 1, f"depth_keep: {self.depth_keep} must be in (0, 1]")
         need(0 < self.depth_floor <= 1, f"depth_floor: {self.depth_floor} must be in (0, 1]")
         need(0 < self.step_decay <= 1, f"step_decay: {self.step_decay} must be in (0, 1]")
