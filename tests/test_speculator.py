@@ -253,9 +253,9 @@ def test_a_drafter_the_cost_model_rejects_at_batch_16_never_runs_its_head(drafte
         setattr(obj, name, counting)
 
     count(proposer, "propose", "propose")
-    count(proposer, "_prefill", "prefill")
+    count(proposer, "_prefill_step", "prefill")
     count(proposer.drafter, "compute_logits", "head")
-    count(proposer, "_decode_step", "decode")
+    count(proposer, "_draft_step", "decode")
     outs = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == want
     assert calls == {"propose": 16, "prefill": 0, "head": 0, "decode": 0}  # one call a step, nothing run
@@ -358,18 +358,20 @@ def test_graph_layout_run_eagerly_proposes_the_eager_drafts(drafters, case):
     kw = dict(spec_over={"draft_row_cost": 0.07}, max_num_batched_tokens=48)
     want = _drafts_per_step(_llm(drafters, case, **kw), prompts, params)
     llm = _llm(drafters, case, **kw)
-    proposer = llm.engine.runner.proposer
-    proposer.graphs = StepGraphs(torch.device("cpu"), 64, capture=False)
+    graphs = llm.engine.runner.proposer.layout_forward.graphs = StepGraphs(torch.device("cpu"), 64, capture=False)
     llm.engine.runner.target.graphs = StepGraphs(torch.device("cpu"), 64, capture=False)  # the target's aux states too
-    uniform_calls, original = [], proposer._prefill_uniform
+    keys, original = [], graphs.run
 
-    def counting(*args):
-        uniform_calls.append(args[-1])  # the padded batch size
-        return original(*args)
+    def recording(key, fn, *inputs):
+        keys.append(key)
+        return original(key, fn, *inputs)
 
-    proposer._prefill_uniform = counting
+    graphs.run = recording
     assert _drafts_per_step(llm, prompts, params) == want
-    assert {1, 2, 4, 8} <= set(uniform_calls)  # 7, 5, 3 requests decoding were padded up
+    prefill_sizes = {size for label, size, _, _ in keys if label == "prefill"}
+    assert {1, 2, 4, 8} <= prefill_sizes  # 7, 5, 3 requests decoding were padded up
+    labels = {label for label, *_ in keys}
+    assert labels >= {"prefill", "parallel"} if case == "peagle" else labels >= {"prefill", "decode.0"}
 
 
 @needs_cuda
@@ -380,7 +382,7 @@ def test_cuda_graphs_propose_the_eager_drafts(drafters, case):
     eager = _drafts_per_step(_llm(drafters, case, enforce_eager=True, **kw), prompts, params)
     llm = _llm(drafters, case, **kw)
     graphed = _drafts_per_step(llm, prompts, params)
-    assert llm.engine.runner.proposer.graphs.num_graphs > 0
+    assert llm.engine.runner.proposer.layout_forward.graphs.num_graphs > 0
     assert graphed == eager
     plain = LLM(str(drafters.target), dtype="float32", max_model_len=256, kv_cache_gb=0.05, device="cuda")
     assert graphed[1] == [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]

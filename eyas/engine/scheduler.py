@@ -36,7 +36,6 @@ class Scheduler:
         self.config = config
         self.kv = kv
         self.speculative = speculative
-        self.num_lookahead_tokens = speculative.max_drafts if speculative else 0
         # every request's pending drafts and draft budget; None without speculation
         self.drafts = DraftPlanner(speculative.max_drafts, speculative.adaptive_draft_length, draft_row_cost,
                                    draft_step_cost) if speculative else None
@@ -47,6 +46,10 @@ class Scheduler:
         # block tables of requests that finished normally this step: their blocks are free again but
         # keep their contents until the next forward, so the engine can hand them to the runner
         self.finished_tables: dict[str, list[list[int]]] = {}
+
+    def _lookahead(self, will_sample: bool) -> int:
+        """Cache slots a request keeps past its tokens for the drafts it may verify next step."""
+        return self.drafts.max_drafts if self.drafts is not None and will_sample else 0
 
     def add(self, request: Request) -> None:
         self.requests[request.request_id] = request
@@ -69,8 +72,7 @@ class Scheduler:
                 continue
             will_sample = num_new == request.num_tokens - request.num_computed_tokens
             request_drafts = drafts.get(request.request_id, NO_DRAFTS)
-            lookahead = self.num_lookahead_tokens if will_sample else 0
-            total = request.num_computed_tokens + num_new + len(request_drafts.tokens) + lookahead
+            total = request.num_computed_tokens + num_new + len(request_drafts.tokens) + self._lookahead(will_sample)
             while not self.kv.allocate(request.request_id, total):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -94,7 +96,7 @@ class Scheduler:
                     request.num_cached_tokens = cached
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             will_sample = request.num_computed_tokens + num_new == request.num_tokens
-            lookahead = self.num_lookahead_tokens if will_sample else 0
+            lookahead = self._lookahead(will_sample)
             if not self.kv.allocate(request.request_id, request.num_computed_tokens + num_new + lookahead):
                 break
             self.waiting.popleft()

@@ -31,7 +31,7 @@ from eyas.core.verify_layout import VerifyLayout
 from eyas.kv.manager import KVCacheGroupSpec
 from eyas.model.attention import block_table_tensor, default_backend, get_backend, layout_slots
 from eyas.model.cuda_graphs import engine_graphs
-from eyas.model.layout_forward import LayoutForward
+from eyas.model.layout_forward import CacheGroup, LayoutForward, model_step
 from eyas.model.llama import ModelOutput
 from eyas.model.loader import load_model
 from eyas.runner.prompt_logprobs import prompt_logprobs
@@ -72,8 +72,9 @@ class ModelRunner:
             self.model.set_aux_layer_ids(self.proposer.aux_layer_ids)
         self.verification = spec.verification if spec else "shared_noise"
         self._grammar_seconds = 0.0  # spent walking drafts under grammars (eyas.spec_decode.grammar_drafts)
-        self.target = LayoutForward(self.model, self.backend, engine_graphs(config, self.backend), 0, self.block_size,
+        self.target = LayoutForward(self.backend, engine_graphs(config, self.backend), [CacheGroup(0)], self.block_size,
                                     config.max_blocks_per_request, self.device)
+        self._target_step = model_step(self.model)
         self.masks = MaskFiller(config.model.vocab_size)
 
     def measured_row_cost(self) -> RowCost:
@@ -109,8 +110,10 @@ class ModelRunner:
         """Run the target over the plan's tokens (writing their K/V into the cache)."""
         inputs = self._prepare(plan)
         k = self.config.speculative.max_drafts if self.config.speculative else 0
-        return self.target(inputs.input_ids, inputs.positions, inputs.query_start_loc, inputs.seq_lens,
-                           inputs.block_table, k, inputs.slot_mapping), inputs
+        hidden, *aux = self.target("target", self._target_step, inputs.input_ids, inputs.positions,
+                                   inputs.query_start_loc, inputs.seq_lens, [inputs.block_table], k,
+                                   slot_mapping=inputs.slot_mapping)
+        return ModelOutput(hidden, aux[0] if aux else None), inputs
 
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:

@@ -34,8 +34,8 @@ import torch
 from eyas.config import EngineConfig, ModelConfig
 from eyas.kv.manager import KVCacheGroupSpec
 from eyas.model.attention import block_table_tensor, default_backend, get_backend
-from eyas.model.cuda_graphs import engine_graphs, pad_table, table_width
-from eyas.model.layout_forward import LayoutForward
+from eyas.model.cuda_graphs import engine_graphs, pad_table
+from eyas.model.layout_forward import CacheGroup, LayoutForward, model_step
 from eyas.model.loader import load_model
 from eyas.model.resolve import resolve_model
 from eyas.spec_decode.draft_sampling import DraftSampler
@@ -76,7 +76,7 @@ class DraftModelProposer(Proposer):
             if options.draft_num_layers >= num_target_layers:
                 raise ValueError(f"speculative_config.draft_num_layers: {options.draft_num_layers} must be below "
                                  f"the target's {num_target_layers} layers")
-            self.model, num_layers, group = target, options.draft_num_layers, 0
+            self.model, num_layers, group = target, options.draft_num_layers, 0  # the target's own cache
             self.draft_config = None
         else:
             path = resolve_model(options.model)
@@ -84,14 +84,12 @@ class DraftModelProposer(Proposer):
             _check_same_vocabulary(config.model, self.draft_config)
             self.model = load_model(self.draft_config, config.dtype, config.device, config.max_positions)
             num_layers, group = None, None  # the group index is given by bind_kv_caches
+        self.group = group  # the KV-cache group the draft layers read and write
+        self.step_fn = model_step(self.model, num_layers)
         # the catch-up forward over the verification layout, and the graphed decode steps
-        self.layout_forward = LayoutForward(self.model, backend, engine_graphs(config, backend), group, self.block_size,
-                                            self.max_blocks, self.device, num_layers, name="catch_up")
-
-    @property
-    def group(self) -> int:
-        """The KV-cache group the draft layers read and write."""
-        return self.layout_forward.group
+        self.layout_forward = LayoutForward(backend, engine_graphs(config, backend),
+                                            [CacheGroup(group)] if group is not None else [], self.block_size,
+                                            self.max_blocks, self.device)
 
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]:
         if self.draft_config is None:
@@ -103,7 +101,8 @@ class DraftModelProposer(Proposer):
     def bind_kv_caches(self, num_blocks: int, block_size: int, first_group: int) -> None:
         if self.draft_config is None:
             return
-        self.layout_forward.group = first_group
+        self.group = first_group
+        self.layout_forward.groups = [CacheGroup(first_group)]
         cfg = self.draft_config
         for layer in self.model.attention_layers():
             layer.kv_cache_group = first_group
@@ -113,7 +112,8 @@ class DraftModelProposer(Proposer):
     def _catch_up(self, inp: ProposerInput) -> None:
         """Write the draft model's K/V for every token of the verification layout."""
         table = block_table_tensor([t[self.group] for t in inp.block_tables])
-        self.layout_forward(inp.input_ids, inp.positions, inp.query_start_loc, inp.seq_lens, table, self.k)
+        self.layout_forward("catch_up", self.step_fn, inp.input_ids, inp.positions, inp.query_start_loc, inp.seq_lens,
+                            [table], self.k)
 
     @torch.inference_mode()
     def propose(self, inp: ProposerInput) -> ProposerOutput:
@@ -128,9 +128,7 @@ class DraftModelProposer(Proposer):
         pos = history + inp.num_emitted - 1  # [R] position of the last emitted token
         x = inp.emitted.gather(1, (inp.num_emitted - 1)[:, None]).squeeze(1)  # [R]
         # rows padded up the graphs' ladder (padding rows write the null block); exact on the CPU
-        graphs = self.layout_forward.graphs
-        size = (graphs.padded_batch_size(num_rows) if graphs is not None else None) or num_rows
-        blocks = table_width(table.shape[1], self.max_blocks) if graphs is not None else table.shape[1]
+        size, blocks = self.layout_forward.padded(num_rows, table.shape[1])
         table_in = pad_table(table, size, blocks).to(dev)
         x_in = torch.zeros(size, dtype=torch.int64, device=dev)
         pos_in = torch.zeros(size, dtype=torch.int64, device=dev)
@@ -139,8 +137,7 @@ class DraftModelProposer(Proposer):
         drafts = []
         for _ in range(self.k):
             x_in[:num_rows], pos_in[:num_rows] = x, pos
-            inputs = (x_in, pos_in, ones, pos_in + 1, table_in)
-            hidden = self.layout_forward.step(("decode", size, blocks), *inputs)
+            hidden = self.layout_forward.step("decode", self.step_fn, x_in, pos_in, ones, pos_in + 1, [table_in])
             x = sampler.sample(self.model.compute_logits(hidden[0][:num_rows]), pos + 1)  # [R]
             drafts.append(x)
             pos = pos + 1

@@ -35,14 +35,14 @@ that draft or fill a prompt chunk, each query extended back over its gap.
 No device-to-host sync: row indices come from host-side layout sizes plus the device-side
 number of emitted tokens; host-side sizes are only upper bounds for attention metadata.
 
-**CUDA graphs** (CUDA, unless ``enforce_eager``): draft decode steps run over rows padded to a
-batch-size ladder (padding rows write the null block), with block tables padded to a power of
-two of blocks, and metadata built inside the step from device tensors; each (step layer, batch,
-table width) is captured once (``eyas.model.cuda_graphs``) and replayed. The draft prefill is
-graphed too when every query fits k+1 rows (decodes and verifications, no prompt chunk): the
-layout is then made uniform, request b's tokens moved to rows ``b * (k+1) ..``. Batches with
-prompt chunks or catch-up rows take the flat eager prefill. On the CPU the decode steps run the same padded-row
-code eagerly without padding.
+**CUDA graphs** (CUDA, unless ``enforce_eager``): all three forwards run through one
+``eyas.model.layout_forward.LayoutForward`` over the drafter's KV-cache groups (one per step layer). Draft decode
+steps and the mask rows run on rows padded to a batch-size ladder (padding rows write the null block), with block
+tables padded to a power of two of blocks, and metadata built inside the step from device tensors; each (forward,
+batch, rows per request, table width) is captured once (``eyas.model.cuda_graphs``) and replayed. The draft prefill is
+graphed too when every query fits k+1 rows (decodes and verifications, no prompt chunk): request b's tokens move to
+rows ``b * (k+1) ..`` and its states come back in the flat order. Batches with prompt chunks or catch-up rows take the
+flat eager prefill. On the CPU the decode steps run the same padded-row code eagerly without padding.
 
 Prefix caching shares the drafter's blocks with the target's. A drafter entry at position ``t``
 depends on token ``t + 1``, so the last entry of a shared block was computed with the token that
@@ -65,10 +65,10 @@ from eyas.config import EngineConfig
 from eyas.core.step import DoneRequest
 from eyas.drafters import shipped_drafter
 from eyas.kv.manager import KVCacheGroupSpec
-from eyas.model.attention import AttentionBatch, UniformBatch, block_table_tensor, default_backend, get_backend, layout_slots
-from eyas.model.cuda_graphs import UniformLayout, engine_graphs, pad_table, table_width
+from eyas.model.attention import block_table_tensor, default_backend, get_backend
+from eyas.model.cuda_graphs import engine_graphs, pad_table
 from eyas.model.drafters.checkpoint import load_drafter
-from eyas.model.forward_context import ForwardContext, forward_context
+from eyas.model.layout_forward import CacheGroup, LayoutForward
 from eyas.spec_decode.catch_up import CatchUp, DraftBatch
 from eyas.spec_decode.draft_sampling import DraftSampler
 from eyas.spec_decode.options import MethodOptions, option
@@ -122,10 +122,11 @@ class HiddenStateSpeculator(Proposer):
         self.block_size = config.cache.block_size
         # the target's default: the C kernel on a CPU, sdpa on CUDA (its uniform-layout metadata is built from
         # device tensors, in CUDA graphs)
-        self.backend = get_backend(default_backend(config.device))
+        backend = get_backend(default_backend(config.device))
         self.layers = self.drafter.attention_layers()
-        self.max_blocks = config.max_blocks_per_request
-        self.graphs = engine_graphs(config, self.backend)
+        # the prefill, decode and mask-row forwards; its groups (one per step layer) are set by bind_kv_caches
+        self.layout_forward = LayoutForward(backend, engine_graphs(config, backend), [], self.block_size,
+                                            config.max_blocks_per_request, self.device)
         # only adaptive drafting tells a request 0 (``eyas.spec_decode.adaptive``); the store costs memory
         # (eyas.spec_decode.catch_up)
         width = config.model.hidden_size * (len(self.aux_layer_ids) if self.drafter.target_hidden == "aux" else 1)
@@ -175,6 +176,7 @@ class HiddenStateSpeculator(Proposer):
             layer.kv_cache_group = first_group + i
             layer.kv_cache = torch.zeros(2, num_blocks * block_size, layer.num_kv_heads, layer.head_dim,
                                          dtype=self.dtype, device=self.device)  # [K/V, slots, kv_heads, head_dim]
+        self.layout_forward.groups = [CacheGroup(layer.kv_cache_group, layer.sliding_window) for layer in self.layers]
         if self.catch_up:
             self.catch_up.bind_kv_cache(num_blocks * block_size, first_group + len(self.layers))
 
@@ -215,13 +217,17 @@ class HiddenStateSpeculator(Proposer):
             return out
         tables = [block_table_tensor([inp.block_tables[b][layer.kv_cache_group] for b in batch.requests])
                   for layer in self.layers]  # [B', blocks] per step layer
-        logits_hidden, feedback, row_end = self._prefill(batch, tables)
+        # the draft prefill: every step layer over the batch's rows; step 0's states
+        logits_hidden, feedback = self.layout_forward("prefill", self._prefill_step, batch.input_ids, batch.positions,
+                                                      batch.query_start_loc, batch.seq_lens, tables, self.k,
+                                                      [batch.hidden])
         if not drafting:
             return out
         sub = inp.rows(drafting) if len(drafting) < num_rows else inp
         slot = {b: i for i, b in enumerate(batch.requests)}
         index = torch.tensor([slot[b] for b in sub.sample_rows])  # [R'] each drafting row's request in the batch
-        drafts, probs = self._chain(sub, logits_hidden, feedback, row_end[index], [t[index] for t in tables])
+        drafts, probs = self._chain(sub, logits_hidden, feedback, batch.query_start_loc[1:][index],
+                                    [t[index] for t in tables])
         if len(drafting) == num_rows:
             return ProposerOutput(drafts, out.num_drafts.fill_(self.k), probs)
         rows = torch.tensor(drafting, device=dev)
@@ -229,17 +235,6 @@ class HiddenStateSpeculator(Proposer):
         if probs is not None:
             out.draft_probs = probs.new_zeros(num_rows, *probs.shape[1:]).index_copy_(0, rows, probs)
         return out
-
-    def _prefill(self, batch: DraftBatch, tables: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The draft prefill over ``batch`` -> (logits hidden, feedback) over its rows (flat, or uniform when every
-        query fits k+1 rows and graphs are on), and the end row [B'] (host) of each request's query there."""
-        q_lens = batch.query_start_loc[1:] - batch.query_start_loc[:-1]
-        padded = self._graph_batch_size(len(q_lens)) if int(q_lens.max()) <= self.k + 1 else None
-        if padded is None:
-            logits_hidden, feedback = self._prefill_flat(batch, tables)
-            return logits_hidden, feedback, batch.query_start_loc[1:]
-        logits_hidden, feedback = self._prefill_uniform(batch, tables, padded)
-        return logits_hidden, feedback, torch.arange(len(q_lens)) * (self.k + 1) + q_lens
 
     def _chain(self, inp: ProposerInput, logits_hidden: torch.Tensor, feedback: torch.Tensor, row_end: torch.Tensor,
                tables: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -270,20 +265,21 @@ class HiddenStateSpeculator(Proposer):
         drafter, dev, num_rows = self.drafter, self.device, len(x)
         saved = None if drafter.advances_positions else self._entries(tables, pos)
         # draft decode over rows padded to the graph's batch size (padding rows write the null block)
-        size = self._graph_batch_size(num_rows) or num_rows
-        width = self._table_width(tables[0].shape[1])
+        size, blocks = self.layout_forward.padded(num_rows, tables[0].shape[1])
         x_in = torch.zeros(size, dtype=torch.int64, device=dev)
         pos_in = torch.zeros(size, dtype=torch.int64, device=dev)
+        ones = torch.ones(size, dtype=torch.int64, device=dev)
         feedback_in = feedback.new_zeros(size, feedback.shape[1])
-        tables_in = [pad_table(t, size, width) for t in tables]
+        tables_in = [pad_table(t, size, blocks) for t in tables]
         drafts = []
         for j in range(1, self.k):
             if drafter.advances_positions:
                 pos = pos + 1
             x_in[:num_rows], pos_in[:num_rows], feedback_in[:num_rows] = x, pos, feedback
-            key = ("decode", j % drafter.num_step_layers, size, width)
-            logits, feedback = self._run(key, functools.partial(self._decode_step, j), x_in, pos_in, feedback_in,
-                                         *tables_in)
+            # steps 1..k-1 differ only in their step layer j % num_step_layers, so those share a graph
+            fn = functools.partial(self._draft_step, j)
+            logits, feedback = self.layout_forward.step(f"decode.{j % drafter.num_step_layers}", fn, x_in, pos_in,
+                                                        ones, pos_in + 1, tables_in, [feedback_in])
             feedback = feedback[:num_rows]
             x = sampler.sample(logits[:num_rows], first_draft_pos + j)
             drafts.append(x)
@@ -297,86 +293,31 @@ class HiddenStateSpeculator(Proposer):
         """Drafts 2..k of a parallel drafter: one forward of k-1 mask rows per request at positions ``anchor + 1
         .. anchor + k-1`` (``anchor`` [R]: the position of the row that gave draft 1), on the uniform layout
         padded to the graph's batch size. Depth d's draft is sampled at sequence position first_draft_pos + d."""
-        num_rows, width = len(anchor), self.k - 1
+        num_rows, width, dev = len(anchor), self.k - 1, self.device
         if width == 0:
             return []
-        size = self._graph_batch_size(num_rows) or num_rows
-        blocks = self._table_width(tables[0].shape[1])
-        anchor_in = torch.zeros(size, dtype=torch.int64, device=self.device)
+        size, blocks = self.layout_forward.padded(num_rows, tables[0].shape[1])
+        anchor_in = torch.zeros(size, dtype=torch.int64, device=dev)
         anchor_in[:num_rows] = anchor
-        tables_in = [pad_table(t, size, blocks) for t in tables]
-        logits = self._run(("parallel", size, blocks), self._parallel_step, anchor_in, *tables_in)
+        positions = (anchor_in[:, None] + torch.arange(1, width + 1, device=dev)).flatten()  # [size * (k-1)]
+        input_ids, hidden = self.drafter.mask_inputs(len(positions), dev)
+        logits, _ = self.layout_forward.step("parallel", functools.partial(self._draft_step, 0), input_ids, positions,
+                                             torch.full_like(anchor_in, width), anchor_in + 1 + width,
+                                             [pad_table(t, size, blocks) for t in tables], [hidden])
         logits = logits.view(size, width, -1)[:num_rows]  # [R, k-1, V]
         return [sampler.sample(logits[:, d], first_draft_pos + 1 + d) for d in range(width)]
 
-    def _parallel_step(self, anchor, *tables):
-        """The mask rows of every request -> float32 logits [B * (k-1), V] (graphable: device tensors only)."""
-        width = self.k - 1
-        positions = (anchor[:, None] + torch.arange(1, width + 1, device=anchor.device)).flatten()  # [B * (k-1)]
-        q_lens = torch.full_like(anchor, width)
-        meta = {layer.kv_cache_group: self.backend.build_uniform_metadata(
-                    UniformBatch(q_lens, anchor + 1 + width, table, self.block_size, width, layer.sliding_window))
-                for layer, table in zip(self.layers, tables)}
-        input_ids, hidden = self.drafter.mask_inputs(len(positions), anchor.device)
-        with forward_context(ForwardContext(self.backend, meta)):
-            logits_hidden, _ = self.drafter(0, input_ids, positions, hidden)
-        return self.drafter.compute_logits(0, logits_hidden)
-
-    def _graph_batch_size(self, n: int) -> int | None:
-        return self.graphs.padded_batch_size(n) if self.graphs is not None else None
-
-    def _table_width(self, width: int) -> int:
-        """Block-table columns of a step: exact without graphs (``table_width`` with them)."""
-        return table_width(width, self.max_blocks) if self.graphs is not None else width
-
-    def _run(self, key, fn, *inputs):
-        return self.graphs.run(key, fn, *inputs) if self.graphs is not None else fn(*inputs)
-
-    def _prefill_flat(self, batch: DraftBatch, tables: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft prefill over the batch's flat layout (any query lengths)."""
-        qsl, seq_lens = batch.query_start_loc, batch.seq_lens
-        max_q, max_seq = int((qsl[1:] - qsl[:-1]).max()), int(seq_lens.max())
-        meta = {}
-        for layer, table in zip(self.layers, tables):
-            _, slots = layout_slots(table, qsl, seq_lens, self.block_size)
-            attention = AttentionBatch(qsl, seq_lens, table, slots, self.block_size, max_q, max_seq, layer.sliding_window)
-            meta[layer.kv_cache_group] = self.backend.build_metadata(attention, self.device)
-        with forward_context(ForwardContext(self.backend, meta)):
-            outs = [self.drafter(step, batch.input_ids, batch.positions, batch.hidden)
-                    for step in range(self.drafter.num_step_layers)]
+    def _prefill_step(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every step layer over the rows (each writes its own KV-cache group) -> step 0's (logits hidden,
+        feedback)."""
+        outs = [self.drafter(step, input_ids, positions, hidden) for step in range(self.drafter.num_step_layers)]
         return outs[0]
 
-    def _prefill_uniform(self, batch: DraftBatch, tables: list[torch.Tensor], size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft prefill of a batch whose queries all fit k+1 rows, on the uniform layout of ``size`` requests.
-
-        Request i's tokens move to rows ``i * (k+1) ..``; returns states over those ``size * (k+1)`` rows.
-        """
-        layout = UniformLayout.of(batch.query_start_loc, batch.seq_lens, tables[0], self.k + 1, size, self.max_blocks,
-                                  self.device)
-        blocks = layout.block_table.shape[1]
-        tables_in = [layout.block_table] + [pad_table(t, size, blocks).to(self.device) for t in tables[1:]]
-        return self._run(("prefill", size, blocks), self._prefill_step, layout.scatter(batch.input_ids),
-                         layout.scatter(batch.positions), layout.scatter(batch.hidden), layout.q_lens, layout.seq_lens,
-                         *tables_in)
-
-    def _prefill_step(self, input_ids, positions, hidden, q_lens, seq_lens, *tables):
-        """The graphed draft prefill: every step layer over the uniform layout; step 0's states."""
-        width = input_ids.shape[0] // q_lens.shape[0]
-        meta = {layer.kv_cache_group: self.backend.build_uniform_metadata(
-                    UniformBatch(q_lens, seq_lens, table, self.block_size, width, layer.sliding_window))
-                for layer, table in zip(self.layers, tables)}
-        with forward_context(ForwardContext(self.backend, meta)):
-            outs = [self.drafter(step, input_ids, positions, hidden) for step in range(self.drafter.num_step_layers)]
-        return outs[0]
-
-    def _decode_step(self, step: int, input_ids, positions, hidden, *tables):
-        """One draft decode step of one token per row -> (float32 logits [B, V], feedback [B, H])."""
-        meta = {layer.kv_cache_group: self.backend.build_uniform_metadata(
-                    UniformBatch(torch.ones_like(positions), positions + 1, table, self.block_size, 1,
-                                 layer.sliding_window))
-                for layer, table in zip(self.layers, tables)}
-        with forward_context(ForwardContext(self.backend, meta)):
-            logits_hidden, feedback = self.drafter(step, input_ids, positions, hidden)
+    def _draft_step(self, step: int, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step layer ``step`` over the rows -> (float32 logits [T, V], feedback [T, H])."""
+        logits_hidden, feedback = self.drafter(step, input_ids, positions, hidden)
         return self.drafter.compute_logits(step, logits_hidden), feedback
 
     def _entries(self, tables: list[torch.Tensor], pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
