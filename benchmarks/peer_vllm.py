@@ -32,7 +32,8 @@ import time
 def _eagle3(args: argparse.Namespace) -> dict:
     if not args.spec_model:
         raise SystemExit("--spec-method eagle3 needs --spec-model")
-    return {"method": "eagle3", "model": args.spec_model, "num_speculative_tokens": args.k}
+    config = {"method": "eagle3", "model": args.spec_model, "num_speculative_tokens": args.k}
+    return config | ({"parallel_drafting": True} if args.parallel_drafting else {})
 
 
 SPECULATIVE_CONFIGS = {  # --spec-method -> vLLM's speculative_config from the arguments
@@ -56,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spec-method", choices=tuple(SPECULATIVE_CONFIGS), default="none")
     p.add_argument("--spec-model", default=None, help="eagle3: drafter folder (SafeAILab layout)")
     p.add_argument("--k", type=int, default=4, help="speculative tokens per step")
+    p.add_argument("--parallel-drafting", action="store_true", help="eagle3: a parallel (P-EAGLE) drafter")
     p.add_argument("--prompt-lookup-max", type=int, default=4)
     p.add_argument("--prompt-lookup-min", type=int, default=2)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
