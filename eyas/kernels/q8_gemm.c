@@ -351,13 +351,14 @@ static inline __attribute__((always_inline)) void tile_rows(const int type, cons
         return failed ? -1 : 0;                                                                             \
     }
 INTEGER_FORMATS(GEMM_FOR)
+#include "q8_interleaved.h"
 
 /* Returns 0; -1 for an unknown type, a K the format cannot hold, or no memory; -2 for F16 / BF16 (no integer
    path: use quant_gemm.c). The same arguments as quant_gemm.c's eyas_quant_gemm. */
 int eyas_q8_gemm(const float *x, int64_t ldx, const uint8_t *weight, int type, const float *row_scale, float *out,
                  int64_t ldo, int64_t m_len, int64_t n_len, int64_t k_len, int num_threads) {
     if (type == F16 || type == BF16) return -2;
-    int bs = block_size(type);
+    int base = type > R16 && interleaves(type - R16) ? type - R16 : type, bs = block_size(base);
     if (bs == 0 || k_len % bs != 0 || k_len % SUB != 0 || (type == I8_ROW && row_scale == NULL)) return -1;
     int64_t nsub = k_len / SUB, np = padded(nsub);
     /* x quantized: qx [M, K] int8, then dx and sx [M, padded(nsub)] float each */
@@ -373,8 +374,11 @@ int eyas_q8_gemm(const float *x, int64_t ldx, const uint8_t *weight, int type, c
     int status = -1;
 #define CALL(TYPE) \
     case TYPE: status = gemm_##TYPE(qx, dx, sx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    switch (type) { INTEGER_FORMATS(CALL) }
+#define CALL_R16(TYPE) \
+    case R16 + TYPE: status = gemm_r16_##TYPE(qx, dx, sx, weight, out, ldo, m_len, n_len, k_len, num_threads); break;
+    switch (type) { INTEGER_FORMATS(CALL) CALL_R16(Q4_0) CALL_R16(Q4_1) CALL_R16(Q8_0) }
 #undef CALL
+#undef CALL_R16
     if (!few) free(mem);
     return status;
 }
