@@ -151,6 +151,22 @@ def test_logits_match_transformers_on_the_same_weights(tmp_path, mode, precision
     assert err.max() <= bf16_err.max() and err.mean() <= bf16_err.mean(), (err.max(), bf16_err.max())
 
 
+@pytest.mark.skipif(not Q.kernel_available("low"), reason="no C compiler: the q8 kernel cannot be built")
+def test_low_keeps_the_attention_inputs_on_float32_products(tmp_path):
+    """At "low" the q/k/v products keep float32 activations (on the default model their int8 rounding was the
+    largest share of the logit error); every other product takes int8 activations."""
+    path = write_quantized_gguf(tmp_path / "q.gguf", tied=True)
+    cfg = ModelConfig.from_folder(convert_gguf(path, tmp_path / "hf"), path)
+    low, highest = (load_model(cfg, torch.float32, torch.device("cpu"), 256, quantization="gguf",
+                               matmul_precision=precision) for precision in ("low", "highest"))
+    x = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(0))
+    for i in range(2):
+        name = f"layers.{i}.self_attn.qkv_proj"
+        assert torch.equal(low.get_submodule(name)(x), highest.get_submodule(name)(x)), name
+    for name in ("layers.0.self_attn.o_proj", "layers.1.mlp.gate_up_proj", "lm_head"):  # all HIDDEN wide
+        assert not torch.equal(low.get_submodule(name)(x), highest.get_submodule(name)(x)), name
+
+
 def test_int8_keeps_each_row_within_half_a_step(tmp_path):
     path = write_quantized_gguf(tmp_path / "q.gguf")
     cfg = ModelConfig.from_folder(convert_gguf(path, tmp_path / "hf"), path)

@@ -28,10 +28,11 @@
    The unsigned formats go straight into vpdpbusd (unsigned weights times signed qx); the signed ones (Q8_0,
    Q6_K, I8_ROW) as |w| times qx with w's sign (vpsignb), exact since |qx| <= 127.
 
-   Cost (Intel Xeon, Emerald Rapids class, 1 thread, SmolLM2's Q4_1 shapes): per block of 32 and output, the
-   integer work is half a vpdpbusd, but the block's scale handling (its 8 lanes summed, the float terms, the
-   unpacked tile's store and reload) is about 7 more instructions, so a one-row product runs at 0.75-0.95x the
-   speed of quant_gemm.c's float32 FMAs and 16 rows at about 0.5x: see docs/cpu-weights.md. */
+   Q4_0, Q4_1 and Q8_0 weights are read interleaved 16 rows at a time instead (type R16 + the GGUF type: see
+   q8_interleaved.h, which also makes the layout), with the same bits: a vpdpbusd lane an output row, so no lane
+   sums across a block and the scales applied to 16 outputs at once. On the Intel Xeon this was measured on
+   (Emerald Rapids class, 1 thread, SmolLM2's shapes), the tile loop below runs a one-row product at 0.75-0.95x
+   the speed of quant_gemm.c's float32 FMAs; the interleaved loop at 1.3-2.6x (docs/cpu-weights.md). */
 #pragma GCC optimize("fp-contract=off")
 #include <math.h>
 #include <stdint.h>
