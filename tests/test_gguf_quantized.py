@@ -291,6 +291,25 @@ def test_matmul_precision_medium_is_refused_where_it_cannot_run_and_auto_takes_h
         assert precision == "highest" and "EYAS_CPU_ISA" in why
 
 
+@pytest.mark.skipif(not Q.kernel_available("low"), reason="no C compiler: the q8 kernel cannot be built")
+def test_auto_takes_low_for_interleaved_formats_on_a_cpu_with_vnni(tmp_path, monkeypatch):
+    """"low" reads Q4_0 / Q4_1 / Q8_0 interleaved; auto takes it for a GGUF of only those, where VNNI runs."""
+    from eyas import kernels
+    from eyas.model import gguf_layout
+
+    path = write_quantized_gguf(tmp_path / "q.gguf", tied=True)  # K-quants in its layers
+    cfg = ModelConfig.from_folder(convert_gguf(path, tmp_path / "hf"), path)
+    old_rule = resolve_matmul_precision("auto", "gguf")
+    assert resolve_matmul_precision("auto", "gguf", cfg) == old_rule
+    monkeypatch.setattr(gguf_layout, "matrix_formats", lambda folder: {"Q4_1", "Q8_0", "F32"})
+    if kernels.dot_variant("q8_gemm") is not None:  # this CPU has VNNI
+        precision, why = resolve_matmul_precision("auto", "gguf", cfg)
+        assert precision == "low" and "q/k/v float32" in why
+    assert resolve_matmul_precision("auto", "int8", cfg) == resolve_matmul_precision("auto", "int8")
+    monkeypatch.setattr(kernels, "dot_variant", lambda name: None)  # AVX2 only: vpmaddubsw, not measured to pay
+    assert resolve_matmul_precision("auto", "gguf", cfg) == old_rule
+
+
 @NEEDS_MEDIUM
 def test_the_bf16_throughput_probe_is_measured_once_per_cpu(tmp_path, monkeypatch):
     from eyas import kernels
