@@ -65,35 +65,26 @@ static void move_block(int type, int pack, uint8_t *blk, uint8_t *rec, int64_t R
 }
 
 /* Interleaves (pack) or restores the N rows of weight (GGUF type Q4_0, Q4_1 or Q8_0, K a multiple of 32) in
-   place; -1 for another type or K, or no memory. */
-int eyas_q8_interleave(uint8_t *weight, int type, int64_t n_len, int64_t k_len, int pack, int num_threads) {
+   place, a group at a time through a copy of it (once at load: about a memcpy's speed); -1 for another type or K,
+   or no memory. */
+int eyas_q8_interleave(uint8_t *weight, int type, int64_t n_len, int64_t k_len, int pack) {
     if (!interleaves(type) || k_len % SUB != 0) return -1;
-    int64_t nsub = k_len / SUB, bb = block_bytes(type), rb = nsub * bb, groups = (n_len + GROUP - 1) / GROUP;
-    int failed = 0;
-#pragma omp parallel num_threads(num_threads)
-    {
-        uint8_t *copy = malloc((size_t)(GROUP * rb));
-        if (!copy) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp barrier
-#pragma omp for schedule(static)
-        for (int64_t g = 0; g < groups; g++) {
-            if (failed) continue;
-            int64_t R = n_len - GROUP * g < GROUP ? n_len - GROUP * g : GROUP;
-            uint8_t *grp = weight + GROUP * g * rb;
-            memcpy(copy, grp, (size_t)(R * rb));
-            for (int64_t r = 0; r < R; r++)
-                for (int64_t b = 0; b < nsub; b++) {
-                    int64_t rec = record_of(b, nsub) * R * bb;
-                    if (pack) move_block(type, 1, copy + r * rb + b * bb, grp + rec, R, r);
-                    else move_block(type, 0, grp + r * rb + b * bb, copy + rec, R, r);
-                }
-        }
-        free(copy);
+    int64_t nsub = k_len / SUB, bb = block_bytes(type), rb = nsub * bb;
+    uint8_t *copy = malloc((size_t)(GROUP * rb));
+    if (!copy) return -1;
+    for (int64_t g = 0; g * GROUP < n_len; g++) {
+        int64_t R = n_len - GROUP * g < GROUP ? n_len - GROUP * g : GROUP;
+        uint8_t *grp = weight + GROUP * g * rb;
+        memcpy(copy, grp, (size_t)(R * rb));
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t b = 0; b < nsub; b++) {
+                int64_t rec = record_of(b, nsub) * R * bb;
+                if (pack) move_block(type, 1, copy + r * rb + b * bb, grp + rec, R, r);
+                else move_block(type, 0, grp + r * rb + b * bb, copy + rec, R, r);
+            }
     }
-    return failed ? -1 : 0;
+    free(copy);
+    return 0;
 }
 
 /* The GGUF bytes of rows rows_[0..count) of an interleaved weight -> out [count, rb] (an embedding lookup) */

@@ -85,7 +85,7 @@ class QuantWeight:
         if rows_fmt not in INTERLEAVED or (self.fmt.name in ROWS_OF) == on:
             return
         status = _layout()[0](self.data.data_ptr(), FORMATS[rows_fmt].type_id, self.out_features, self.in_features,
-                              int(on), torch.get_num_threads())
+                              int(on))
         if status:
             raise MemoryError(f"quantization: no memory to interleave a {rows_fmt} weight")
         self.fmt = FORMATS[INTERLEAVED[rows_fmt] if on else rows_fmt]
@@ -159,7 +159,7 @@ def _layout() -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr]:
 
     ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     where = dict(isa=kernels.cpu_isa(), variant=kernels.dot_variant("q8_gemm"))
-    interleave = kernels.entry("q8_gemm", ptr, i32, i64, i64, i32, i32, function="q8_interleave", **where)
+    interleave = kernels.entry("q8_gemm", ptr, i32, i64, i64, i32, function="q8_interleave", **where)
     rows = kernels.entry("q8_gemm", ptr, i32, i64, i64, ptr, i64, ptr, function="q8_interleaved_rows", **where)
     assert interleave is not None and rows is not None, "q8_gemm.c did not build"
     return interleave, rows
