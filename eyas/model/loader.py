@@ -84,12 +84,17 @@ def load_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_p
     elif quantization == "bf16":
         _install_bf16(model, dtype)
     if matmul_precision != "highest":
-        softmax_inputs = {m.qkv_proj for m in model.modules() if isinstance(m, Attention)}
-        for module in model.modules():
-            if isinstance(module, QuantLinear):
-                module.set_matmul_precision(SOFTMAX_INPUTS.get(matmul_precision, matmul_precision)
-                                            if module in softmax_inputs else matmul_precision)
+        set_matmul_precision(model, matmul_precision)
     return model
+
+
+def set_matmul_precision(model: torch.nn.Module, precision: str) -> None:
+    """Every quantized product of ``model`` at ``precision``, the attention's q/k/v at ``SOFTMAX_INPUTS``'s."""
+    softmax_inputs = {m.qkv_proj for m in model.modules() if isinstance(m, Attention)}
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            module.set_matmul_precision(SOFTMAX_INPUTS.get(precision, precision) if module in softmax_inputs
+                                        else precision)
 
 
 
