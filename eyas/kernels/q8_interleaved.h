@@ -17,12 +17,12 @@
    bytes 4..11 (its quant bytes 0..7) go to qs[0][5] and qs[1][5], at 64 + 20 and 64 + 84. The size is that of
    the GGUF rows, so memory stays as it was; the bytes are only moved, so the layout is undone exactly.
 
-   The product, per group and output row m of x: 8 float accumulators a lane of 16 (W) output rows, one for each
-   lane l of the fixed order, summed ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)) across registers.
-   Each block's weight vectors are loaded and unpacked once and multiplied by up to MR rows of x. Builds:
-   AVX512-VNNI, 16 lanes; the 256-bit builds (AVX-VNNI, AVX2's vpmaddubsw) and C, 8 lanes, a group in two
-   halves. Q8_0's signed quants go into vpdpbusd as q + 128 (xor 0x80), and 128 sx comes off the integer sum
-   (exact: both are integers below 2^24 in float). */
+   The product, per group: a vector lane per output row (W = 16 of them with AVX512-VNNI; 8 in the 256-bit builds,
+   AVX-VNNI and AVX2's vpmaddubsw, and in C, which take a group in two halves). Lane l of the fixed order is one
+   pass over its contiguous records with one float accumulator per row of x; the 8 passes' results are summed
+   ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)) across registers. Each block's weight vectors are loaded and
+   unpacked once for up to MR rows of x. Q8_0's signed quants go into vpdpbusd as q + 128 (xor 0x80), and 128 sx
+   comes off the integer sum (exact: both are integers below 2^24 in float); AVX2 moves their signs onto x. */
 #ifndef EYAS_Q8_INTERLEAVED_H
 #define EYAS_Q8_INTERLEAVED_H
 

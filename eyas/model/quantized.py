@@ -15,8 +15,9 @@ matmuls): ``"highest"`` multiplies the float32 activations by the weights' float
 both to bfloat16 and sums the products in float32 with AVX512-BF16 dot products (half the instructions), on
 CPUs that have them; ``"low"`` quantizes the activations to int8 per block of 32 and multiplies them by the
 weights' own block integers with integer dot products (``eyas/kernels/q8_gemm.c``: VNNI where the CPU has it),
-as llama.cpp does; F16 and BF16 weights, which hold no integers, stay on float32 products there. In every mode
-a row's result does not depend on the batch or the thread count.
+as llama.cpp does, reading Q4_0, Q4_1 and Q8_0 interleaved 16 rows at a time (``QuantWeight.interleave``, in
+place); F16 and BF16 weights, which hold no integers, stay on float32 products there. In every mode a row's
+result does not depend on the batch or the thread count.
 """
 
 from __future__ import annotations
