@@ -20,6 +20,7 @@ import time
 
 import torch
 from bench_common import cpu_line
+from bench_cpu import read_bandwidth_gbs
 
 from eyas import LLM, SamplingParams
 from eyas.model import quantized as Q
@@ -33,18 +34,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--precisions", default="highest,medium,low")
     p.add_argument("--rounds", type=int, default=7)
     return p.parse_args(argv)
-
-
-def read_bandwidth_gbs(mb: int = 512, reps: int = 5) -> float:
-    """One thread's best-of-``reps`` read bandwidth, CPU time: summing an ``mb`` MB float32 tensor."""
-    x = torch.ones(mb * (1 << 20) // 4)
-    x.sum()
-    best = float("inf")
-    for _ in range(reps):
-        start = time.thread_time()
-        x.sum()
-        best = min(best, time.thread_time() - start)
-    return x.numel() * 4 / best / 1e9
 
 
 def decode_step(llm: LLM) -> float:
@@ -70,7 +59,7 @@ def main(argv=None) -> int:
     nbytes = sum(p.data.numel() for m in products for p in m.parts)
     generator = torch.Generator().manual_seed(0)
     inputs = {n: {k: torch.randn(n, k, generator=generator) for k in {m.in_features for m in products}} for n in ROWS}
-    bandwidth = read_bandwidth_gbs()
+    bandwidth = read_bandwidth_gbs(1, clock=time.thread_time)
     print(f"weight bytes of a pass: {nbytes / 1e6:.1f} MB; one-thread read bandwidth (CPU time): {bandwidth:.1f} GB/s")
     engines = {p: LLM(None, quantization="gguf", matmul_precision=p, num_threads=1, max_model_len=128,
                       kv_cache_gb=0.02, enable_prefix_caching=False) for p in precisions}
