@@ -1,6 +1,6 @@
 """Resident memory of the default model's weights in each weight format, against the GGUF file's size.
 
-    python benchmarks/rss_gguf.py gguf      # or int8, none
+    python benchmarks/rss_gguf.py gguf      # or int8, none; gguf@highest etc. for a matmul precision
 
 The process's resident set is read before the LLM is made (after PyTorch's own lazy start-up, which
 pages in tens of MB of library code on the first module built, whatever the format) and after one
@@ -12,6 +12,7 @@ import gc
 import sys
 
 import torch
+from bench_common import weight_mode
 
 from eyas import LLM, SamplingParams
 from eyas.model.resolve import default_gguf_path
@@ -27,7 +28,7 @@ def main() -> int:
         torch.nn.Embedding(8, 8)  # PyTorch's lazy start-up, paid by any model
     kv_gb = 0.05
     before = rss_mib()
-    llm = LLM(quantization=None if mode == "none" else mode, kv_cache_gb=kv_gb, max_model_len=512)
+    llm = LLM(**weight_mode(mode), kv_cache_gb=kv_gb, max_model_len=512)
     llm.generate(["hello"], SamplingParams(max_tokens=4), use_tqdm=False)
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)

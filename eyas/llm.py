@@ -54,10 +54,11 @@ class LLM:
     ``"highest"`` (float32 products) or ``"medium"``: the quantized formats' products round activations and
     weights to bfloat16 and sum in float32 (AVX512-BF16 CPUs; about 1.6x faster past a few rows, outputs within
     bf16 rounding), as ``torch.set_float32_matmul_precision("medium")`` allows; ``"low"``: activations quantized
-    to int8 per block of 32 and integer dot products on the weights' own integers (llama.cpp's arithmetic; F16 /
-    BF16 weights keep float32 products), see docs/cpu-weights.md; ``"auto"`` (default): medium where the CPU's
-    bf16 dot products outrun its float32 FMAs (as vLLM's CPU backend multiplies in bfloat16), else highest; never
-    low (measured less accurate and no faster, docs/cpu-weights.md). Logged beside the weights.
+    to int8 per block of 32 and integer dot products on the weights' own integers (llama.cpp's arithmetic; the
+    q/k/v products and F16 / BF16 weights keep float32 products), see docs/cpu-weights.md; ``"auto"`` (default): low
+    for a GGUF of Q4_0 / Q4_1 / Q8_0 matrices on a CPU with VNNI (closer to float32 than llama.cpp and the fastest,
+    as measured), else medium where the CPU's bf16 dot products outrun its float32 FMAs (as vLLM's CPU backend
+    multiplies in bfloat16), else highest. Logged beside the weights.
     """
 
     def __init__(self, model: str | os.PathLike | None = None, *, dtype: str | torch.dtype = "auto",
@@ -88,7 +89,7 @@ class LLM:
             kernels.prebuild()  # before the first kernel is loaded (resolve_quantization), side by side
         max_len = max_model_len_for(model_config, max_model_len)
         quantization, why = resolve_quantization(quantization, model_config, dev, dtype)
-        matmul_precision, products = resolve_matmul_precision(matmul_precision, quantization)
+        matmul_precision, products = resolve_matmul_precision(matmul_precision, quantization, model_config)
         logger.info("weights: %s (%s)%s", quantization or "engine dtype", why,
                     f"; matmul precision {matmul_precision}: {products}" if quantization is not None else "")
         config = EngineConfig(

@@ -151,6 +151,22 @@ def test_logits_match_transformers_on_the_same_weights(tmp_path, mode, precision
     assert err.max() <= bf16_err.max() and err.mean() <= bf16_err.mean(), (err.max(), bf16_err.max())
 
 
+@pytest.mark.skipif(not Q.kernel_available("low"), reason="no C compiler: the q8 kernel cannot be built")
+def test_low_keeps_the_attention_inputs_on_float32_products(tmp_path):
+    """At "low" the q/k/v products keep float32 activations (on the default model their int8 rounding was the
+    largest share of the logit error); every other product takes int8 activations."""
+    path = write_quantized_gguf(tmp_path / "q.gguf", tied=True)
+    cfg = ModelConfig.from_folder(convert_gguf(path, tmp_path / "hf"), path)
+    low, highest = (load_model(cfg, torch.float32, torch.device("cpu"), 256, quantization="gguf",
+                               matmul_precision=precision) for precision in ("low", "highest"))
+    x = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(0))
+    for i in range(2):
+        name = f"layers.{i}.self_attn.qkv_proj"
+        assert torch.equal(low.get_submodule(name)(x), highest.get_submodule(name)(x)), name
+    for name in ("layers.0.self_attn.o_proj", "layers.1.mlp.gate_up_proj", "lm_head"):  # all HIDDEN wide
+        assert not torch.equal(low.get_submodule(name)(x), highest.get_submodule(name)(x)), name
+
+
 def test_int8_keeps_each_row_within_half_a_step(tmp_path):
     path = write_quantized_gguf(tmp_path / "q.gguf")
     cfg = ModelConfig.from_folder(convert_gguf(path, tmp_path / "hf"), path)
@@ -273,6 +289,25 @@ def test_matmul_precision_medium_is_refused_where_it_cannot_run_and_auto_takes_h
             resolve_matmul_precision("medium", "int8")
         precision, why = resolve_matmul_precision("auto", "int8")
         assert precision == "highest" and "EYAS_CPU_ISA" in why
+
+
+@pytest.mark.skipif(not Q.kernel_available("low"), reason="no C compiler: the q8 kernel cannot be built")
+def test_auto_takes_low_for_interleaved_formats_on_a_cpu_with_vnni(tmp_path, monkeypatch):
+    """"low" reads Q4_0 / Q4_1 / Q8_0 interleaved; auto takes it for a GGUF of only those, where VNNI runs."""
+    from eyas import kernels
+    from eyas.model import gguf_layout
+
+    path = write_quantized_gguf(tmp_path / "q.gguf", tied=True)  # K-quants in its layers
+    cfg = ModelConfig.from_folder(convert_gguf(path, tmp_path / "hf"), path)
+    old_rule = resolve_matmul_precision("auto", "gguf")
+    assert resolve_matmul_precision("auto", "gguf", cfg) == old_rule
+    monkeypatch.setattr(gguf_layout, "matrix_formats", lambda folder: {"Q4_1", "Q8_0", "F32"})
+    if kernels.dot_variant("q8_gemm") is not None:  # this CPU has VNNI
+        precision, why = resolve_matmul_precision("auto", "gguf", cfg)
+        assert precision == "low" and "q/k/v float32" in why
+    assert resolve_matmul_precision("auto", "int8", cfg) == resolve_matmul_precision("auto", "int8")
+    monkeypatch.setattr(kernels, "dot_variant", lambda name: None)  # AVX2 only: vpmaddubsw, not measured to pay
+    assert resolve_matmul_precision("auto", "gguf", cfg) == old_rule
 
 
 @NEEDS_MEDIUM

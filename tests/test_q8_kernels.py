@@ -79,6 +79,7 @@ def test_row_results_do_not_depend_on_batch_rows_or_threads(fmt):
     for i in (0, 1, 7, 39):
         assert torch.equal(product(x[i:i + 1].contiguous(), weight), full[i:i + 1])
         assert torch.equal(product(x[i - 1 if i else 0:i + 4].contiguous(), weight)[1 if i else 0], full[i])
+    weight, _ = weight_of(fmt, 45, 512)  # in GGUF row order again ("low" interleaves Q4_0 / Q4_1 / Q8_0 in place)
     rows = Q.QuantLinear([Q.QuantWeight(weight.data[5:17].contiguous(), weight.fmt, 512,
                                         None if weight.scale is None else weight.scale[5:17].contiguous())])
     rows.set_matmul_precision("low")

@@ -28,10 +28,11 @@
    The unsigned formats go straight into vpdpbusd (unsigned weights times signed qx); the signed ones (Q8_0,
    Q6_K, I8_ROW) as |w| times qx with w's sign (vpsignb), exact since |qx| <= 127.
 
-   Cost (Intel Xeon, Emerald Rapids class, 1 thread, SmolLM2's Q4_1 shapes): per block of 32 and output, the
-   integer work is half a vpdpbusd, but the block's scale handling (its 8 lanes summed, the float terms, the
-   unpacked tile's store and reload) is about 7 more instructions, so a one-row product runs at 0.75-0.95x the
-   speed of quant_gemm.c's float32 FMAs and 16 rows at about 0.5x: see docs/cpu-weights.md. */
+   Q4_0, Q4_1 and Q8_0 weights are read interleaved 16 rows at a time instead (type R16 + the GGUF type: see
+   q8_interleaved.h, which also makes the layout), with the same bits: a vpdpbusd lane an output row, so no lane
+   sums across a block and the scales applied to 16 outputs at once. On the Intel Xeon this was measured on
+   (Emerald Rapids class, 1 thread, SmolLM2's shapes), the tile loop below runs a one-row product at 0.75-0.95x
+   the speed of quant_gemm.c's float32 FMAs; the interleaved loop at 1.3-2.6x (docs/cpu-weights.md). */
 #pragma GCC optimize("fp-contract=off")
 #include <math.h>
 #include <stdint.h>
@@ -351,13 +352,14 @@ static inline __attribute__((always_inline)) void tile_rows(const int type, cons
         return failed ? -1 : 0;                                                                             \
     }
 INTEGER_FORMATS(GEMM_FOR)
+#include "q8_interleaved.h"
 
 /* Returns 0; -1 for an unknown type, a K the format cannot hold, or no memory; -2 for F16 / BF16 (no integer
    path: use quant_gemm.c). The same arguments as quant_gemm.c's eyas_quant_gemm. */
 int eyas_q8_gemm(const float *x, int64_t ldx, const uint8_t *weight, int type, const float *row_scale, float *out,
                  int64_t ldo, int64_t m_len, int64_t n_len, int64_t k_len, int num_threads) {
     if (type == F16 || type == BF16) return -2;
-    int bs = block_size(type);
+    int base = type > R16 && interleaves(type - R16) ? type - R16 : type, bs = block_size(base);
     if (bs == 0 || k_len % bs != 0 || k_len % SUB != 0 || (type == I8_ROW && row_scale == NULL)) return -1;
     int64_t nsub = k_len / SUB, np = padded(nsub);
     /* x quantized: qx [M, K] int8, then dx and sx [M, padded(nsub)] float each */
@@ -373,8 +375,11 @@ int eyas_q8_gemm(const float *x, int64_t ldx, const uint8_t *weight, int type, c
     int status = -1;
 #define CALL(TYPE) \
     case TYPE: status = gemm_##TYPE(qx, dx, sx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-    switch (type) { INTEGER_FORMATS(CALL) }
+#define CALL_R16(TYPE) \
+    case R16 + TYPE: status = gemm_r16_##TYPE(qx, dx, sx, weight, out, ldo, m_len, n_len, k_len, num_threads); break;
+    switch (type) { INTEGER_FORMATS(CALL) CALL_R16(Q4_0) CALL_R16(Q4_1) CALL_R16(Q8_0) }
 #undef CALL
+#undef CALL_R16
     if (!few) free(mem);
     return status;
 }

@@ -15,8 +15,9 @@ matmuls): ``"highest"`` multiplies the float32 activations by the weights' float
 both to bfloat16 and sums the products in float32 with AVX512-BF16 dot products (half the instructions), on
 CPUs that have them; ``"low"`` quantizes the activations to int8 per block of 32 and multiplies them by the
 weights' own block integers with integer dot products (``eyas/kernels/q8_gemm.c``: VNNI where the CPU has it),
-as llama.cpp does; F16 and BF16 weights, which hold no integers, stay on float32 products there. In every mode
-a row's result does not depend on the batch or the thread count.
+as llama.cpp does, reading Q4_0, Q4_1 and Q8_0 interleaved 16 rows at a time (``QuantWeight.interleave``, in
+place); F16 and BF16 weights, which hold no integers, stay on float32 products there. In every mode a row's
+result does not depend on the batch or the thread count.
 """
 
 from __future__ import annotations
@@ -42,10 +43,14 @@ FORMATS = {f.name: f for f in (
     Format("Q4_0", 2, 32, 18), Format("Q4_1", 3, 32, 20), Format("Q8_0", 8, 32, 34),
     Format("Q4_K", 12, 256, 144), Format("Q5_K", 13, 256, 176), Format("Q6_K", 14, 256, 210),
     Format("I8_ROW", 1000, 1, 1),
+    # the same blocks interleaved 16 rows at a time for matmul precision "low" (eyas/kernels/q8_interleaved.h)
+    Format("Q4_0_R16", 2002, 32, 18), Format("Q4_1_R16", 2003, 32, 20), Format("Q8_0_R16", 2008, 32, 34),
 )}
 KERNEL_ALIGN = 32  # rows are decoded 32 weights at a time
 MATMUL_PRECISIONS = {"highest": None, "medium": "bf16_products", "low": None}  # -> quant_gemm.c's variant
-INTEGER_FORMATS = frozenset({"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "I8_ROW"})  # q8_gemm.c's ("low")
+INTERLEAVED = {"Q4_0": "Q4_0_R16", "Q4_1": "Q4_1_R16", "Q8_0": "Q8_0_R16"}  # GGUF format -> its "low" layout
+ROWS_OF = {v: k for k, v in INTERLEAVED.items()}  # interleaved layout -> the GGUF format of its rows
+INTEGER_FORMATS = frozenset({"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "I8_ROW", *ROWS_OF})  # q8_gemm.c's
 
 
 @dataclass
@@ -62,6 +67,7 @@ class QuantWeight:
             raise ValueError(f"quantization: a {self.fmt.name} row of {self.in_features} weights is not a whole "
                              f"number of {max(self.fmt.block_size, KERNEL_ALIGN)}-weight blocks")
         assert self.data.dtype == torch.uint8 and self.data.shape[1] == self.row_bytes, (self.data.shape, self.fmt)
+        assert self.fmt.name not in ROWS_OF, "a weight is made in its GGUF row order; interleave() makes the other"
 
     @property
     def out_features(self) -> int:
@@ -71,11 +77,25 @@ class QuantWeight:
     def row_bytes(self) -> int:
         return self.in_features // self.fmt.block_size * self.fmt.block_bytes
 
+    def interleave(self, on: bool) -> None:
+        """Interleave the rows 16 at a time, in place, as matmul precision "low" reads Q4_0, Q4_1 and Q8_0 (``on``),
+        or give them back their GGUF order; nothing for other formats. The bytes are only moved, so memory stays
+        the same and the two layouts convert exactly. Every holder of this weight sees the new layout: a module
+        that reads it (``QuantLinear.set_matmul_precision``, ``dequantize_rows``) reads ``fmt`` afterwards."""
+        rows_fmt = ROWS_OF.get(self.fmt.name, self.fmt.name)
+        if rows_fmt not in INTERLEAVED or (self.fmt.name in ROWS_OF) == on:
+            return
+        status = _layout()[0](self.data.data_ptr(), FORMATS[rows_fmt].type_id, self.out_features, self.in_features,
+                              int(on))
+        if status:
+            raise MemoryError(f"quantization: no memory to interleave a {rows_fmt} weight")
+        self.fmt = FORMATS[INTERLEAVED[rows_fmt] if on else rows_fmt]
+
     @staticmethod
     def cat(parts: list[QuantWeight], arena: Arena | None = None) -> QuantWeight:
         """Parts of one format stacked along the output rows (a fused q/k/v or gate/up weight), copied
-        (into ``arena`` when given)."""
-        assert len({(p.fmt, p.in_features) for p in parts}) == 1
+        (into ``arena`` when given); parts in their GGUF row order."""
+        assert len({(p.fmt, p.in_features) for p in parts}) == 1 and parts[0].fmt.name not in ROWS_OF
         scale = None if parts[0].scale is None else torch.cat([p.scale for p in parts])
         rows = sum(p.out_features for p in parts)
         out = None if arena is None else arena.take(rows, parts[0].row_bytes)
@@ -133,6 +153,19 @@ def q8_kernel(isa: str, variant: str | None = None) -> ctypes._CFuncPtr | None:
     return kernels.entry("q8_gemm", ptr, i64, ptr, i32, ptr, ptr, i64, i64, i64, i64, i32, isa=isa, variant=variant)
 
 
+@functools.cache
+def _layout() -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr]:
+    """q8_gemm.c's (eyas_q8_interleave, eyas_q8_interleaved_rows), of the build "low" runs."""
+    from eyas import kernels
+
+    ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    where = dict(isa=kernels.cpu_isa(), variant=kernels.dot_variant("q8_gemm"))
+    interleave = kernels.entry("q8_gemm", ptr, i32, i64, i64, i32, function="q8_interleave", **where)
+    rows = kernels.entry("q8_gemm", ptr, i32, i64, i64, ptr, i64, ptr, function="q8_interleaved_rows", **where)
+    assert interleave is not None and rows is not None, "q8_gemm.c did not build"
+    return interleave, rows
+
+
 def _find(precision: str):
     """The kernel's (gemm, rows) entries at this matmul precision, or None where they do not run here; "low"'s
     gemm is q8_gemm.c's, for the formats of ``INTEGER_FORMATS``."""
@@ -181,8 +214,15 @@ def dequantize_rows(weight: QuantWeight, rows: torch.Tensor) -> torch.Tensor:
     if rows.numel() and not 0 <= int(rows.min()) <= int(rows.max()) < weight.out_features:
         raise IndexError(f"row index out of range [0, {weight.out_features})")
     out = torch.empty(rows.numel(), weight.in_features, dtype=torch.float32)
+    data, fmt = weight.data, weight.fmt
+    if fmt.name in ROWS_OF:  # interleaved: the rows' GGUF bytes first
+        fmt = FORMATS[ROWS_OF[fmt.name]]
+        data = torch.empty(rows.numel(), weight.row_bytes, dtype=torch.uint8)
+        assert _layout()[1](weight.data.data_ptr(), fmt.type_id, weight.out_features, weight.in_features,
+                            rows.data_ptr(), rows.numel(), data.data_ptr()) == 0
+        rows = torch.arange(rows.numel())
     _, gather = _entries()
-    status = gather(weight.data.data_ptr(), weight.fmt.type_id, _ptr(weight.scale), rows.data_ptr(), rows.numel(),
+    status = gather(data.data_ptr(), fmt.type_id, _ptr(weight.scale), rows.data_ptr(), rows.numel(),
                     weight.in_features, out.data_ptr(), torch.get_num_threads())
     assert status == 0
     return out
@@ -229,6 +269,7 @@ class QuantLinear(nn.Module):
         self.calls, column = [], 0
         for p in self.parts:
             assert p.data.is_contiguous()
+            p.interleave(precision == "low")
             fn = gemm if p.fmt.name in INTEGER_FORMATS else float_gemm
             self.calls.append((fn, p.data.data_ptr(), p.fmt.type_id, _ptr(p.scale), column, p.out_features))
             column += p.out_features

@@ -61,15 +61,17 @@ def resolve_quantization(requested: str | None, model: ModelConfig, device: torc
                       "is dequantized to the engine dtype")
     return "gguf", "a GGUF model keeps its own block formats on the CPU, as llama.cpp runs it"
 
-def resolve_matmul_precision(requested: str, quantization: str | None) -> tuple[str, str]:
+def resolve_matmul_precision(requested: str, quantization: str | None,
+                             model: ModelConfig | None = None) -> tuple[str, str]:
     """The products of eyas's CPU weight kernels -> (precision, why). ``"highest"``: float32 products;
     ``"medium"``: activations and weights rounded to bfloat16, float32 sums (AVX512-BF16), as
-    ``torch.set_float32_matmul_precision("medium")`` allows. ``"auto"``: medium where it runs (the weights
-    on eyas's kernels, a CPU whose bf16 dot products do at least ``BF16_PRODUCTS_MIN_RATIO`` times the
-    multiply-adds of its float32 FMAs, ``eyas.kernels.bf16_mac_ratio``), as vLLM's CPU backend multiplies in
-    bfloat16; highest elsewhere. ``"low"`` (int8 activations per block of 32, integer dot products: q8_gemm.c)
-    only when asked for: on the default model its logits were further from float32 than HF's own bfloat16
-    model's and it ran no faster than "highest" (docs/cpu-weights.md)."""
+    ``torch.set_float32_matmul_precision("medium")`` allows; ``"low"``: int8 activations per block of 32 and
+    integer dot products (q8_gemm.c), the q/k/v products on float32. ``"auto"``: low for a GGUF ``model`` whose
+    matrices are all Q4_0, Q4_1 or Q8_0 (read interleaved, ``INTERLEAVED``) on a CPU with VNNI dot products: on the
+    default model its logits stay closer to HF float32 than llama.cpp's and its steps are the fastest
+    (docs/cpu-weights.md); else medium where it runs (the weights on eyas's kernels, a CPU whose bf16 dot products
+    do at least ``BF16_PRODUCTS_MIN_RATIO`` times the multiply-adds of its float32 FMAs,
+    ``eyas.kernels.bf16_mac_ratio``), as vLLM's CPU backend multiplies in bfloat16; highest elsewhere."""
     from eyas.kernels import bf16_mac_ratio, cpu_flags
     from eyas.model.quantized import MATMUL_PRECISIONS, dot_products, kernel_available
 
@@ -78,6 +80,9 @@ def resolve_matmul_precision(requested: str, quantization: str | None) -> tuple[
     if requested == "auto":
         if quantization is None:
             return "highest", "the weights run in the engine dtype"
+        if quantization == "gguf" and model is not None and _interleaved_with_vnni(model):
+            return "low", (f"int8 activations (q/k/v float32), integer dot products ({dot_products()}) on the "
+                           "interleaved rows (--matmul-precision highest: float32)")
         if not kernel_available("medium"):
             return "highest", ("float32 products: this CPU has no AVX512-BF16" if "avx512_bf16" not in cpu_flags()
                                else "float32 products: eyas's AVX512-BF16 kernel is not built here (EYAS_CPU_ISA)")
@@ -101,6 +106,16 @@ def resolve_matmul_precision(requested: str, quantization: str | None) -> tuple[
                  "kernel (eyas/kernels/q8_gemm.c); use 'highest'")
         return "low", f"int8 activations per block of 32, integer dot products ({dot_products()}) (asked for)"
     return "highest", "float32 products (asked for)"
+
+def _interleaved_with_vnni(model: ModelConfig) -> bool:
+    """Whether "low" reads every matrix of the GGUF ``model`` interleaved, with VNNI dot products on this CPU."""
+    from eyas.kernels import dot_variant
+    from eyas.model.gguf_layout import matrix_formats
+    from eyas.model.quantized import INTERLEAVED, kernel_available
+
+    return (model.gguf_path is not None and dot_variant("q8_gemm") is not None and kernel_available("low")
+            and matrix_formats(model.path) - {"F32"} <= set(INTERLEAVED))
+
 
 def _folder_weights(model: ModelConfig, device: torch.device, dtype: str | torch.dtype) -> tuple[str | None, str]:
     """``"auto"`` for an HF folder: bfloat16 weights where the CPU multiplies bf16 natively."""

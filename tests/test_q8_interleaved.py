@@ -1,0 +1,94 @@
+"""Q4_0, Q4_1 and Q8_0 interleaved 16 rows at a time for matmul precision "low" (``eyas/kernels/q8_interleaved.h``):
+the layout against one written here from its definition, undone exactly in place, and products that equal the
+products on the GGUF rows bit for bit, in every instruction-set build this CPU runs, at 1..24 rows of x, for row
+counts that leave a partial group of 16 and widths that leave a partial group of 8 blocks."""
+
+import numpy as np
+import pytest
+import torch
+from test_q8_kernels import _builds, _run, weight_of
+
+from eyas.model import quantized as Q
+
+pytestmark = pytest.mark.skipif(not Q.kernel_available("low"), reason="no C compiler: the q8 kernel cannot be built")
+
+FORMATS = ["Q4_0", "Q4_1", "Q8_0"]
+# (N, K): whole groups; a last group of 5 rows; fewer rows than a group; one block; 9 and 18 blocks (lanes 0 and
+# 0-1 hold one block more than the others); 48 blocks (the MLP's down projection)
+SHAPES = [(32, 256), (37, 576), (5, 288), (21, 32), (16, 1536)]
+
+
+def reference_layout(data: np.ndarray, fmt: str) -> np.ndarray:
+    """The interleaved bytes of ``data`` [N, row bytes], from the layout's definition: per group of 16 rows (the
+    last one R rows), per block in lane order (b mod 8, then b), the R rows' float16 d, then their m (Q4_1), then
+    quant chunk c of each row, 4 bytes, chunk by chunk."""
+    block = Q.FORMATS[fmt].block_bytes
+    halves = 2 if fmt == "Q4_1" else 1
+    n, row_bytes = data.shape
+    nsub = row_bytes // block
+    blocks = data.reshape(n, nsub, block)
+    out = []
+    for g in range(0, n, 16):
+        rows = blocks[g:g + 16]  # [R, nsub, block]
+        for b in sorted(range(nsub), key=lambda b: (b % 8, b)):
+            blk = rows[:, b]  # [R, block]
+            out += [blk[:, 2 * h:2 * h + 2].reshape(-1) for h in range(halves)]
+            quants = blk[:, 2 * halves:].reshape(len(rows), -1, 4)  # [R, C, 4]
+            out.append(quants.transpose(1, 0, 2).reshape(-1))  # [C, R, 4]
+    return np.concatenate(out).reshape(n, row_bytes)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_layout_is_the_definition_and_is_undone_in_place(fmt):
+    for n, k in SHAPES:
+        weight, _ = weight_of(fmt, n, k, seed=n)
+        gguf = weight.data.clone()
+        address = weight.data.data_ptr()
+        weight.interleave(True)
+        assert weight.fmt.name == f"{fmt}_R16" and weight.data.data_ptr() == address  # same bytes, same place
+        assert np.array_equal(weight.data.numpy(), reference_layout(gguf.numpy(), fmt)), (n, k)
+        weight.interleave(True)  # already interleaved: nothing moves
+        assert np.array_equal(weight.data.numpy(), reference_layout(gguf.numpy(), fmt))
+        weight.interleave(False)
+        assert weight.fmt.name == fmt and torch.equal(weight.data, gguf)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_interleaved_products_equal_the_row_products_bit_for_bit(fmt):
+    """The same kernel build on the GGUF rows (q8_gemm.c's tile loop) and on the interleaved rows (a vpdpbusd lane
+    an output row, 8 lane accumulators a register): the same float sums in the same order, so equal bits."""
+    builds = _builds()
+    x = torch.randn(24, 1536, generator=torch.Generator().manual_seed(7)) * 2
+    x[3, :32] = 0  # an all-zero block of activations
+    for n, k in SHAPES:
+        rows, _ = weight_of(fmt, n, k, seed=n)
+        interleaved, _ = weight_of(fmt, n, k, seed=n)
+        interleaved.interleave(True)
+        for build in builds:
+            kernel = Q.q8_kernel(*build)
+            for m in (*range(1, 10), 16, 17, 24):
+                xm = x[:m, :k].contiguous()
+                assert torch.equal(_run(kernel, xm, interleaved), _run(kernel, xm, rows)), (build, n, k, m)
+
+
+def test_the_tied_embedding_reads_the_interleaved_head_and_highest_gets_the_rows_back():
+    """A tied embedding shares its weight with the head: once "low" interleaves the head, lookups still give the
+    GGUF rows' values; setting the head back to "highest" restores the bytes and its float products."""
+    weight, w = weight_of("Q8_0", 40, 576)
+    gguf = weight.data.clone()
+    embedding, head = Q.QuantEmbedding(weight), Q.QuantLinear([weight])
+    x = torch.randn(3, 576)
+    highest = head(x)
+    head.set_matmul_precision("low")
+    assert weight.fmt.name == "Q8_0_R16"
+    ids = torch.tensor([[0, 17, 39], [16, 15, 32]])
+    assert torch.equal(embedding(ids), torch.from_numpy(w[ids.numpy()]))
+    head.set_matmul_precision("highest")
+    assert weight.fmt.name == "Q8_0" and torch.equal(weight.data, gguf) and torch.equal(head(x), highest)
+
+
+def test_a_weight_is_made_in_row_order():
+    weight, _ = weight_of("Q4_1", 16, 64)
+    weight.interleave(True)
+    with pytest.raises(AssertionError, match="GGUF row order"):
+        Q.QuantWeight(weight.data[:8], weight.fmt, 64)
