@@ -56,7 +56,7 @@ def test_bad_tool_requests_name_their_field(tools, choice, field):
 
 
 def _accepts(compiler, tokenizer, grammar: str, text: str) -> bool:
-    state = compiler.state(compiler.compile({"grammar": grammar}))
+    state = compiler.state(compiler.compile({"grammar": grammar}), 10**6)
     for token in tokenizer.encode(text, add_special_tokens=False):
         if not state.matcher.consume_token(token):
             return False
