@@ -91,13 +91,13 @@ def run(llm: LLM, tasks, choice: str, batch: int, parallel: bool, max_tokens: in
         begin = time.perf_counter()
         prompts, plist = [], []
         for prompt, tools in tasks[start:start + batch]:
-            request = ToolRequest.from_openai(tools, choice, parallel)
+            request = ToolRequest.from_openai(tools, choice, parallel, tok.chat_template)
             text = render_chat(tok, [{"role": "user", "content": prompt}], request)
             prompts.append(tok.encode(text, add_special_tokens=False))
             plist.append(constrain(params, request))
         group = llm.generate(prompts, plist, use_tqdm=False)
         for out in group:
-            out.outputs[0].tool_calls = parse_reply(out.outputs[0].text).calls
+            out.outputs[0].tool_calls = parse_reply(out.outputs[0].text, request.syntax).calls
         seconds += time.perf_counter() - begin
         outs += group
     return outs, seconds

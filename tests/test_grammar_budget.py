@@ -15,6 +15,7 @@ from eyas.model.tokenizer import Tokenizer
 from eyas.sampling.grammar import GrammarCompiler, _single_token
 from eyas.tools import ToolRequest, parse_reply
 from eyas.tools.grammar import tool_grammar
+from eyas.tools.hermes import HERMES
 
 EMAIL = {"type": "function", "function": {"name": "send_email", "parameters": {
     "type": "object", "properties": {"to": {"type": "string"}, "subject": {"type": "string"},
@@ -53,7 +54,7 @@ def test_a_looping_call_is_closed_within_its_budget():
             reply.append(token)
             if token not in state.eos_token_ids:
                 state.advance(token)
-        calls = parse_reply(tokenizer.decode([t for t in reply if t not in state.eos_token_ids])).calls
+        calls = parse_reply(tokenizer.decode([t for t in reply if t not in state.eos_token_ids]), HERMES).calls
         fits.append(reply[-1] in state.eos_token_ids)
         if not calls:  # nothing fits: cut, as before
             assert not fits[-1]

@@ -36,7 +36,7 @@ def chat_message(completion: CompletionOutput, tools: ToolRequest | None) -> tup
     """The assistant message of a whole reply and its finish reason (``"tool_calls"`` when it ended on calls)."""
     if tools is None or not tools.callable:
         return {"role": "assistant", "content": completion.text}, completion.finish_reason
-    reply = parse_reply(completion.text)
+    reply = parse_reply(completion.text, tools.syntax)
     message = {"role": "assistant", "content": reply.content or None}
     if not reply.calls:
         return message, completion.finish_reason

@@ -68,7 +68,8 @@ def router(service: Service) -> APIRouter:
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(400, "top_logprobs: needs logprobs: true", "top_logprobs")
         try:
-            tools = ToolRequest.from_openai(body.tools, body.tool_choice, body.parallel_tool_calls)
+            tools = ToolRequest.from_openai(body.tools, body.tool_choice, body.parallel_tool_calls,
+                                             tokenizer.chat_template)
             text = render_chat(tokenizer, body.conversation(), tools, body.add_generation_prompt,
                                body.continue_final_message)
         except ValueError as error:
