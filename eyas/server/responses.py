@@ -86,7 +86,7 @@ class Formatter:
                                  for e in entries],
                 "text_offset": offsets}
 
-    def _with_prompt(self, out: RequestOutput, logprobs: dict, top: int) -> dict:
+    def with_prompt(self, out: RequestOutput, logprobs: dict, top: int) -> dict:
         """A completion's logprobs after its echoed prompt's (``echo`` with ``logprobs``): the first prompt
         token has none (``null``), as in OpenAI's and vLLM's answers."""
         tokens = [self._token(t) for t in out.prompt_token_ids]
@@ -106,16 +106,15 @@ class Formatter:
         for i, out in enumerate(outputs):
             for completion in out.outputs:
                 index = i * n + completion.index
-                logprobs = self.logprobs(completion, 0, len(completion.token_ids), 0, top)
+                prefix = echo[i] if echo else ""
+                logprobs = self.logprobs(completion, 0, len(completion.token_ids), len(prefix), top)
                 if self.chat:
                     message, reason = chat_message(completion, tools)
                     choice = {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
                 else:
-                    text = (echo[i] if echo else "") + completion.text
-                    if logprobs is not None and echo:
-                        logprobs["text_offset"] = [o + len(echo[i]) for o in logprobs["text_offset"]]
-                        if out.prompt_logprobs is not None:
-                            logprobs = self._with_prompt(out, logprobs, top)
+                    text = prefix + completion.text
+                    if logprobs is not None and out.prompt_logprobs is not None:
+                        logprobs = self.with_prompt(out, logprobs, top)
                     choice = {"index": index, "text": text, "logprobs": logprobs,
                               "finish_reason": completion.finish_reason}
                 choices.append(choice)

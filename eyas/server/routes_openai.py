@@ -48,7 +48,7 @@ def router(service: Service) -> APIRouter:
             raise ApiError(400, "prompt: is empty; give a string, a list of strings or token ids", "prompt")
         top = body.logprobs or 0
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        prompt_logprobs = body.logprobs if body.echo and not body.stream else None  # the echoed prompt's logprobs
+        prompt_logprobs = body.logprobs if body.echo else None  # the echoed prompt's logprobs
         queues = await service.submit_all(request_id, prompts, lambda length: body.sampling_params(
             service.defaults, service.resolve_max_tokens(body.max_tokens, length, "max_tokens"), body.logprobs,
             prompt_logprobs))
