@@ -10,16 +10,5 @@ A template that writes ``<tool_call>`` and reads ``tools`` renders it itself.
 
 from eyas.tools.syntax import CallSyntax
 
-
-class Hermes(CallSyntax):
-    name = "hermes"
-    opening = "<tool_call>\n"
-    arguments_key = "arguments"
-    suffix = "\n</tool_call>"
-    separator = "\n<tool_call>\n"
-    closing = ""
-    trigger = "<tool_call>"
-    markers = ("tools", "<tool_call>")
-
-
-HERMES = Hermes()
+HERMES = CallSyntax("hermes", opening="<tool_call>\n", arguments_key="arguments", suffix="\n</tool_call>",
+                    separator="\n<tool_call>\n", closing="", trigger="<tool_call>", markers=("tools", "<tool_call>"))

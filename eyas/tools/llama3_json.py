@@ -10,16 +10,5 @@ tool result becomes an ``ipython`` message.
 
 from eyas.tools.syntax import CallSyntax
 
-
-class Llama3Json(CallSyntax):
-    name = "llama3_json"
-    opening = ""
-    arguments_key = "parameters"
-    suffix = ""
-    separator = "; "
-    closing = ""
-    trigger = '{"name": '
-    markers = ("<|start_header_id|>", '"parameters": ')
-
-
-LLAMA3_JSON = Llama3Json()
+LLAMA3_JSON = CallSyntax("llama3_json", opening="", arguments_key="parameters", suffix="", separator="; ", closing="",
+                         trigger='{"name": ', markers=("<|start_header_id|>", '"parameters": '))

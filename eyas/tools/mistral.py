@@ -16,21 +16,13 @@ ID_LENGTH = 9
 
 
 class Mistral(CallSyntax):
-    name = "mistral"
-    opening = "[TOOL_CALLS] ["
-    arguments_key = "arguments"
-    suffix = ""
-    separator = ", "
-    closing = "]"
-    trigger = "[TOOL_CALLS]"
-    markers = ("[TOOL_CALLS]",)
-
     def native_id(self, call_id: str) -> str:
         """Kept when its last 9 characters are letters and digits; else 9 hex digits of its SHA-256 (the call and
-        its result map alike). Example: ``call_0`` becomes ``1b4f0e985``-like, ``call_Ab12Cd34Ef`` stays."""
+        its result map alike). Example: ``call_0`` becomes ``c557a85a0``; ``call_Ab12Cd34Ef`` stays."""
         if len(call_id) >= ID_LENGTH and call_id[-ID_LENGTH:].isalnum() and call_id[-ID_LENGTH:].isascii():
             return call_id
         return hashlib.sha256(call_id.encode()).hexdigest()[:ID_LENGTH]
 
 
-MISTRAL = Mistral()
+MISTRAL = Mistral("mistral", opening="[TOOL_CALLS] [", arguments_key="arguments", suffix="", separator=", ", closing="]",
+                  trigger="[TOOL_CALLS]", markers=("[TOOL_CALLS]",))

@@ -16,10 +16,12 @@ and the parser (``eyas.tools.parse``) are written once, over these fields.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 HEAD = '{"name": "'  # every call object starts so
 
 
+@dataclass(frozen=True)
 class CallSyntax:
     name: str
     opening: str  # before the first call
