@@ -72,13 +72,16 @@ def _prompts() -> list[list[int]]:
             for n in (5, 9, 17, 30, 3, 12, 7, 21)]
 
 
-@pytest.mark.parametrize("spec", [None, {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2}])
-def test_cut_replies_come_back_complete_and_finished_ones_unchanged(tiny_models, spec):
+@pytest.mark.parametrize("method", [None, "ngram", "eagle3"])
+def test_cut_replies_come_back_complete_and_finished_ones_unchanged(tiny_models, drafters, method):
     """On a tiny random model, greedy: at budgets around each reply's own length (and far below it), a reply
     that fits its budget is token for token the reply of an unlimited budget; one that does not fit ends by
-    its grammar (finish "stop") within the budget, valid against the schema. With n-gram drafts (the closing
-    tokens are forced drafts) every reply equals the one without speculation."""
+    its grammar (finish "stop") within the budget, valid against the schema. With n-gram drafts and with an
+    EAGLE-3 drafter (which samples its drafts under the grammar too) every reply equals the one without
+    speculation, and the closing tokens are forced drafts."""
     path = str(tiny_models["llama"])
+    spec = {"ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2},
+            "eagle3": {"method": "eagle3", "model": drafters.folders["eagle3"], "num_speculative_tokens": 3}}.get(method)
     plain = LLM(path, dtype="float32", max_model_len=256, kv_cache_gb=0.05)
     prompts = _prompts()
     free = plain.generate(prompts, SamplingParams(temperature=0, max_tokens=200, structured_output={"json": SCHEMA}),

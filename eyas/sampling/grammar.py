@@ -87,6 +87,7 @@ class GrammarCompiler:
         self._tokenizer_json = tokenizer_json  # called once, on the first structured request
         self._tokenizer: llguidance.LLTokenizer | None = None
         self._closer: Closer | None = None  # made with the tokenizer
+        self._words: int | None = None  # uint32 words of llguidance's masks (it keeps one past the vocabulary)
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
@@ -111,7 +112,10 @@ class GrammarCompiler:
         """A request's start in ``grammar``, which must be complete within its ``max_tokens`` output tokens."""
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         assert not matcher.is_error(), matcher.get_error()  # compile() validated it
-        return GrammarState(matcher, self.vocab_size, frozenset(self.eos_token_ids), max_tokens, self._closer)
+        if self._words is None:
+            self._words = len(matcher.compute_bitmask()) // 4
+        return GrammarState(matcher, self.vocab_size, frozenset(self.eos_token_ids), max_tokens, self._closer,
+                            self._words)
 
 
 @dataclass
@@ -135,12 +139,13 @@ class GrammarState:
     """
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos_token_ids: frozenset[int],
-                 tokens_left: int, closer: Closer):
+                 tokens_left: int, closer: Closer, words: int):
         self.matcher = matcher
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.tokens_left = tokens_left  # output tokens the request may still emit, this position's included
         self.closer = closer
+        self.words = words  # of ``bitmask()``
         self._path: list[int] | None = UNKNOWN  # the close's completion from here (None: none within reach)
 
     def advance(self, token: int) -> None:
@@ -166,18 +171,18 @@ class GrammarState:
         if any(t in self.eos_token_ids for t in emitted):
             return None
         copy = GrammarState(self.matcher.deep_copy(), self.vocab_size, self.eos_token_ids, self.tokens_left,
-                            self.closer)
+                            self.closer, self.words)
         copy._path = self._path
         for token in emitted:
             copy.advance(token)
         return copy
 
     def bitmask(self) -> np.ndarray:
-        """[ceil(V / 32)] uint32: bit t % 32 of word t // 32 is set when token t is allowed next."""
+        """[words] uint32: bit t % 32 of word t // 32 is set when token t is allowed next."""
         closing = self.closing_token()
         if closing is None:
             return np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint32)
-        return one_token_mask(closing, (self.vocab_size + 31) // 32)
+        return one_token_mask(closing, self.words)
 
     def only_token(self) -> int | None:
         """The token when the grammar (or the budget-aware close) admits exactly one here, else None.
