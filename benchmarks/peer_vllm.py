@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", required=True, help="JSON file: a list of token-id lists")
     p.add_argument("--structured", default=None,
                    help="JSON file: one structured_outputs dict per prompt (json, regex, choice, grammar)")
+    p.add_argument("--structured-backend", default=None, choices=("auto", "xgrammar", "guidance", "outlines"),
+                   help="vLLM's structured-output backend (guidance reads llguidance's Lark grammars)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--batch-sizes", default="1,8", help="comma-separated, e.g. 1,8")
     p.add_argument("--batch1-prompts", type=int, default=4,
@@ -167,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         memory_kwargs["kv_cache_memory_bytes"] = int(args.kv_cache_gb * (1 << 30))
     if args.gpu_memory_utilization is not None:
         memory_kwargs["gpu_memory_utilization"] = args.gpu_memory_utilization
+    if args.structured_backend is not None:
+        memory_kwargs["structured_outputs_config"] = {"backend": args.structured_backend}
 
     t0 = time.perf_counter()
     llm = LLM(

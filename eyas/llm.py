@@ -162,7 +162,7 @@ class LLM:
         final assistant message (give ``add_generation_prompt=False``).
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        request = ToolRequest.from_openai(tools, tool_choice, parallel_tool_calls)
+        request = ToolRequest.from_openai(tools, tool_choice, parallel_tool_calls, self.tokenizer.chat_template)
         texts = [render_chat(self.tokenizer, c, request, add_generation_prompt, continue_final_message)
                  for c in conversations]
         # the template already carries any BOS token, so encode without special tokens (as HF does)
@@ -171,7 +171,7 @@ class LLM:
         outputs = self._run(self._add_all(prompts, params, stream=False), use_tqdm)
         if request is not None and request.callable:
             for completion in (c for out in outputs for c in out.outputs):
-                completion.tool_calls = parse_reply(completion.text).calls
+                completion.tool_calls = parse_reply(completion.text, request.syntax).calls
         return outputs
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:

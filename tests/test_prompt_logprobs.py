@@ -4,6 +4,7 @@ prefix cache warm, and for n > 1; the echoed completion lists the prompt's logpr
 
 from __future__ import annotations
 
+import json
 import math
 
 import httpx
@@ -56,3 +57,23 @@ def test_echo_with_logprobs_lists_the_prompt_first(tiny_models, llm):
     assert logprobs["token_logprobs"][1:10] == pytest.approx([e[t] for t, e in zip(PROMPT[1:10], want[1:])],
                                                              abs=1e-4)
     assert logprobs["text_offset"] == sorted(logprobs["text_offset"])
+
+
+def test_streamed_echo_with_logprobs_equals_the_whole_answer(tiny_models):
+    """stream=true: the first chunk of each choice starts with the prompt and its logprobs (as vLLM streams them);
+    the chunks joined equal the non-streamed answer: text, tokens, logprobs, top logprobs and text offsets."""
+    request = {"prompt": PROMPT[:10], "max_tokens": 6, "temperature": 0, "echo": True, "logprobs": 2, "n": 2}
+    with Server(tiny_models["llama"]) as server:
+        whole = httpx.post(server.base + "/v1/completions", json=request, timeout=60).json()
+        with httpx.stream("POST", server.base + "/v1/completions", json={**request, "stream": True},
+                          timeout=60) as response:
+            chunks = [json.loads(line[6:]) for line in response.iter_lines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+    for choice in whole["choices"]:
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == choice["index"]]
+        assert mine[0]["logprobs"]["token_logprobs"][0] is None  # the prompt's first token, in the first chunk
+        assert "".join(c["text"] for c in mine) == choice["text"]
+        for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+            streamed = [v for c in mine if c["logprobs"] for v in c["logprobs"][key]]
+            assert streamed == choice["logprobs"][key], key
+        assert len(choice["logprobs"]["tokens"]) == 16  # 10 prompt tokens, 6 generated

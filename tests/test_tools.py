@@ -15,6 +15,7 @@ from eyas.sampling.grammar import GrammarCompiler
 from eyas.server.tool_stream import ReplyDeltas
 from eyas.tools import ToolRequest, parse_reply
 from eyas.tools.grammar import closed, tool_grammar
+from eyas.tools.hermes import HERMES
 from eyas.tools.render import render_chat
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": {
@@ -56,7 +57,7 @@ def test_bad_tool_requests_name_their_field(tools, choice, field):
 
 
 def _accepts(compiler, tokenizer, grammar: str, text: str) -> bool:
-    state = compiler.state(compiler.compile({"grammar": grammar}))
+    state = compiler.state(compiler.compile({"grammar": grammar}), 10**6)
     for token in tokenizer.encode(text, add_special_tokens=False):
         if not state.matcher.consume_token(token):
             return False
@@ -94,7 +95,7 @@ def test_closed_adds_no_keys_to_property_maps():
 
 def test_streamed_deltas_joined_equal_the_whole_reply():
     text = "Checking." + CALL + "\n" + CALL.replace("Paris", "Oslo \\\"Norway\\\"")
-    whole = parse_reply(text)
+    whole = parse_reply(text, HERMES)
     assert whole.content == "Checking." and [c.name for c in whole.calls] == ["get_weather"] * 2
     assert json.loads(whole.calls[1].arguments) == {"city": 'Oslo "Norway"', "unit": "celsius"}
     for step in (1, 3, 7):  # every prefix, in pieces of a few characters
@@ -112,8 +113,8 @@ def test_streamed_deltas_joined_equal_the_whole_reply():
 
 
 def test_a_reply_cut_short_keeps_its_whole_calls_only():
-    assert parse_reply(CALL[:-5]).calls == [] and parse_reply(CALL[:-5]).content == CALL[:-5]
-    cut = parse_reply(CALL + "\n<tool_call>\n{\"name\": \"get_weather\", \"argu")
+    assert parse_reply(CALL[:-5], HERMES).calls == [] and parse_reply(CALL[:-5], HERMES).content == CALL[:-5]
+    cut = parse_reply(CALL + "\n<tool_call>\n{\"name\": \"get_weather\", \"argu", HERMES)
     assert [c.name for c in cut.calls] == ["get_weather"] and cut.content == ""
 
 

@@ -99,9 +99,11 @@ class Engine:
     def _request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int,
                  grammar: str | None) -> Request:
         """One engine request; each has its own grammar position (n > 1 children too)."""
-        return Request(request_id, list(prompt_token_ids), len(prompt_token_ids), params, seed,
-                       frozenset(self.config.model.eos_token_ids), self.config.scheduler.max_model_len,
-                       grammar=self.grammars.state(grammar) if grammar is not None else None)
+        request = Request(request_id, list(prompt_token_ids), len(prompt_token_ids), params, seed,
+                          frozenset(self.config.model.eos_token_ids), self.config.scheduler.max_model_len)
+        if grammar is not None:  # complete within the request's budget (eyas.sampling.grammar_budget)
+            request.grammar = self.grammars.state(grammar, request.max_output_tokens)
+        return request
 
     def _submit(self, request: Request, prompt: str | None, stream: bool) -> None:
         self.scheduler.add(request)

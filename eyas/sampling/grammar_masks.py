@@ -10,7 +10,8 @@ Example (k = 2, vocabulary 6): a request whose grammar allows {1, 2} now, {3} af
 {5} after drafts [1, 3] owns rows 0..2, drafts [1, 3]: allowed rows ``[[F,T,T,F,F,F],
 [F,F,F,T,F,F], [F,F,F,F,F,T]]``. A row past a draft that ends the grammar (an end-of-sequence
 token) has nothing left to allow; it allows the end-of-sequence tokens, so its logits stay finite
-(the scheduler drops whatever it emits).
+(the scheduler drops whatever it emits). Rows within reach of the request's ``max_tokens`` allow only the
+budget-aware close's token where it binds (``GrammarState.closing_token``), as the drafts were planned.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import llguidance
+import numpy as np
 import torch
 
-from eyas.sampling.grammar import GrammarState, allowed_tokens
+from eyas.sampling.grammar import GrammarState, allowed_tokens, one_token_mask
+from eyas.sampling.grammar_budget import HORIZON
 
 
 @dataclass
@@ -103,6 +106,9 @@ class MaskFiller:
         if drafting:  # rows first .. first + len(drafts): after each draft prefix (the matcher is restored)
             self._executor.unsafe_compute_mask_ptr_with_draft_token(drafting, bitmask.data_ptr(), self.words * 4,
                                                                    num_rows)
+        for state, first, drafts in jobs:
+            if state.tokens_left - len(drafts) <= HORIZON:
+                self._close(state, first, drafts, bitmask)
         rows = torch.tensor([first + j for _, first, drafts in jobs for j in range(len(drafts) + 1)])  # [G]
         grammar_allowed = allowed_tokens(bitmask[rows], self.vocab_size)  # [G, V]
         ended = ~grammar_allowed.any(dim=-1)  # rows past an end-of-sequence draft
@@ -111,3 +117,15 @@ class MaskFiller:
         allowed = torch.ones(num_rows, self.vocab_size, dtype=torch.bool)  # [N, V]
         allowed[rows] = grammar_allowed
         return allowed, time.perf_counter() - start
+
+    def _close(self, state: GrammarState, first: int, drafts: list[int], bitmask: torch.Tensor) -> None:
+        """The rows where the budget-aware close binds allow its token only (``GrammarState.closing_token``)."""
+        walk = state
+        for j in range(len(drafts) + 1):
+            closing = walk.closing_token()
+            if closing is not None:
+                bitmask[first + j] = torch.from_numpy(one_token_mask(closing, self.words).view(np.int32))
+            if j == len(drafts) or drafts[j] in state.eos_token_ids:
+                return
+            walk = state.fork([]) if walk is state else walk
+            walk.advance(drafts[j])

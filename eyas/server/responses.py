@@ -36,7 +36,7 @@ def chat_message(completion: CompletionOutput, tools: ToolRequest | None) -> tup
     """The assistant message of a whole reply and its finish reason (``"tool_calls"`` when it ended on calls)."""
     if tools is None or not tools.callable:
         return {"role": "assistant", "content": completion.text}, completion.finish_reason
-    reply = parse_reply(completion.text)
+    reply = parse_reply(completion.text, tools.syntax)
     message = {"role": "assistant", "content": reply.content or None}
     if not reply.calls:
         return message, completion.finish_reason
@@ -86,7 +86,7 @@ class Formatter:
                                  for e in entries],
                 "text_offset": offsets}
 
-    def _with_prompt(self, out: RequestOutput, logprobs: dict, top: int) -> dict:
+    def with_prompt(self, out: RequestOutput, logprobs: dict, top: int) -> dict:
         """A completion's logprobs after its echoed prompt's (``echo`` with ``logprobs``): the first prompt
         token has none (``null``), as in OpenAI's and vLLM's answers."""
         tokens = [self._token(t) for t in out.prompt_token_ids]
@@ -106,16 +106,15 @@ class Formatter:
         for i, out in enumerate(outputs):
             for completion in out.outputs:
                 index = i * n + completion.index
-                logprobs = self.logprobs(completion, 0, len(completion.token_ids), 0, top)
+                prefix = echo[i] if echo else ""
+                logprobs = self.logprobs(completion, 0, len(completion.token_ids), len(prefix), top)
                 if self.chat:
                     message, reason = chat_message(completion, tools)
                     choice = {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
                 else:
-                    text = (echo[i] if echo else "") + completion.text
-                    if logprobs is not None and echo:
-                        logprobs["text_offset"] = [o + len(echo[i]) for o in logprobs["text_offset"]]
-                        if out.prompt_logprobs is not None:
-                            logprobs = self._with_prompt(out, logprobs, top)
+                    text = prefix + completion.text
+                    if logprobs is not None and out.prompt_logprobs is not None:
+                        logprobs = self.with_prompt(out, logprobs, top)
                     choice = {"index": index, "text": text, "logprobs": logprobs,
                               "finish_reason": completion.finish_reason}
                 choices.append(choice)

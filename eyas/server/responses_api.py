@@ -97,7 +97,7 @@ def call_item(call_id: str, name: str, arguments: str, status: str = "completed"
 def output_items(completion: CompletionOutput, tools: ToolRequest | None) -> list[dict]:
     if tools is None or not tools.callable:
         return [message_item(completion.text)]
-    reply = parse_reply(completion.text)
+    reply = parse_reply(completion.text, tools.syntax)
     items = [message_item(reply.content)] if reply.content or not reply.calls else []
     return items + [call_item(call_id(), c.name, c.arguments) for c in reply.calls]
 

@@ -48,7 +48,7 @@ def router(service: Service) -> APIRouter:
             raise ApiError(400, "prompt: is empty; give a string, a list of strings or token ids", "prompt")
         top = body.logprobs or 0
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        prompt_logprobs = body.logprobs if body.echo and not body.stream else None  # the echoed prompt's logprobs
+        prompt_logprobs = body.logprobs if body.echo else None  # the echoed prompt's logprobs
         queues = await service.submit_all(request_id, prompts, lambda length: body.sampling_params(
             service.defaults, service.resolve_max_tokens(body.max_tokens, length, "max_tokens"), body.logprobs,
             prompt_logprobs))
@@ -68,7 +68,8 @@ def router(service: Service) -> APIRouter:
         if body.top_logprobs is not None and not body.logprobs:
             raise ApiError(400, "top_logprobs: needs logprobs: true", "top_logprobs")
         try:
-            tools = ToolRequest.from_openai(body.tools, body.tool_choice, body.parallel_tool_calls)
+            tools = ToolRequest.from_openai(body.tools, body.tool_choice, body.parallel_tool_calls,
+                                             tokenizer.chat_template)
             text = render_chat(tokenizer, body.conversation(), tools, body.add_generation_prompt,
                                body.continue_final_message)
         except ValueError as error:

@@ -180,20 +180,19 @@ class Service:
                      echo: list[str] | None = None, tools=None):
         """SSE chunks of every choice as its text grows. ``holdback``: characters kept back until the next
         output or the end, so a stop string that is still forming is never sent (the longest stop, less one).
-        Chat choices send deltas (``ReplyDeltas``: content, and tool calls when ``tools`` may be called)."""
+        Chat choices send deltas (``ReplyDeltas``: content, and tool calls when ``tools`` may be called). ``echo``:
+        a completion choice's first chunk starts with its prompt, and its logprobs with the prompt's."""
         n, holdback = body.n, _holdback(body.stop)
         sent: dict[int, tuple[int, int]] = {}  # choice index -> (characters, tokens) sent
         ended: set[int] = set()  # choice indices whose finish_reason was sent
+        echoed: set[int] = set()  # completions: choice indices whose echoed prompt was sent (with their first text)
+        offsets: dict[int, int] = {}  # completions: choice index -> text offset of its next token (as whole answers)
         deltas: dict[int, ReplyDeltas] = {}
         finals: dict[int, RequestOutput] = {}
         if fmt.chat:
             for index in range(len(queues) * n):
                 deltas[index] = ReplyDeltas(tools)
                 yield sse(fmt.chunk(index, {"role": "assistant", "content": ""}, None))
-        elif echo:
-            for i, text in enumerate(echo):
-                for j in range(n):
-                    yield sse(fmt.chunk(i * n + j, text, None))
         async for i, out in self.outputs(request_id, queues):
             for completion in out.outputs:
                 index = i * n + completion.index
@@ -201,6 +200,8 @@ class Service:
                     continue
                 chars, tokens = sent.get(index, (0, 0))
                 done = completion.finish_reason is not None
+                if not completion.token_ids and not done:  # not started (a child of n > 1 held back)
+                    continue
                 visible = len(completion.text) if done else max(chars, len(completion.text) - holdback)
                 if fmt.chat:
                     piece = deltas[index].update(completion.text[:visible], done)
@@ -209,9 +210,18 @@ class Service:
                         continue
                 else:
                     piece, reason = completion.text[chars:visible], completion.finish_reason
-                    if visible == chars and not done:
+                    if visible == chars and not done and (echo is None or index in echoed):
                         continue
-                logprobs = fmt.logprobs(completion, tokens, len(completion.token_ids), chars, top)
+                prefix = echo[i] if echo else ""
+                logprobs = fmt.logprobs(completion, tokens, len(completion.token_ids),
+                                        offsets.get(index, len(prefix)), top)
+                if logprobs is not None and logprobs.get("tokens"):
+                    offsets[index] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
+                if echo and index not in echoed:  # the prompt goes first, with its logprobs, as vLLM streams it
+                    piece = prefix + piece
+                    if logprobs is not None and out.prompt_logprobs is not None:
+                        logprobs = fmt.with_prompt(out, logprobs, top)
+                    echoed.add(index)
                 sources = (completion, tokens) if body.return_token_sources else None
                 yield sse(fmt.chunk(index, piece, reason, logprobs, sources=sources))
                 sent[index] = (visible, len(completion.token_ids))

@@ -25,6 +25,7 @@ def call_id() -> str:
 class ReplyDeltas:
     def __init__(self, tools: ToolRequest | None):
         self.parses = tools is not None and bool(tools.callable)  # "none" (or no tools): the reply is content
+        self.syntax = tools.syntax if tools is not None else None
         self.content_sent = 0
         self.calls_sent: list[tuple[str, int]] = []  # per call: (its id, argument characters sent)
 
@@ -32,7 +33,7 @@ class ReplyDeltas:
         if not self.parses:
             delta, self.content_sent = text[self.content_sent:], len(text)
             return {"content": delta} if delta else {}
-        reply = parse_reply(text, final)
+        reply = parse_reply(text, self.syntax, final)
         out: dict = {}
         if len(reply.content) > self.content_sent:
             out["content"] = reply.content[self.content_sent:]

@@ -1,27 +1,28 @@
-"""The grammar that makes a reply's tool calls valid by construction (llguidance's Lark dialect).
+"""The grammar that makes a reply's tool calls valid by construction (llguidance's Lark dialect), in the
+request's call syntax (``eyas.tools.syntax``).
 
 * ``"required"`` or a named function: the reply is calls only, from its first token;
-* ``"auto"``: a *lazy* grammar: free text, unconstrained, until the text holds ``<tool_call>``
+* ``"auto"``: a *lazy* grammar: free text, unconstrained, until the text holds the syntax's trigger
   (a lazy lexeme ends at the first match of its trigger); from there the rest is calls;
 * ``"none"``: no grammar.
 
-Each call is ``\\n{"name": "<one of the callable tools>", "arguments": <that tool's schema>}\\n</tool_call>``
-with JSON's fixed separators (``eyas.sampling.grammar.JSON_FORMAT``); ``parallel_tool_calls`` lets more
-calls follow (``\\n<tool_call>`` before each). Everything but the argument values is forced once the
-name is chosen: the wrapper, the keys, the punctuation, a single-choice enum. The engine drafts those
+Each call is ``{"name": "<one of the callable tools>", "<arguments key>": <that tool's schema>}`` with JSON's
+fixed separators (``eyas.sampling.grammar.JSON_FORMAT``), between the syntax's opening, suffix, separator and
+closing; ``parallel_tool_calls`` lets more calls follow. Everything but the argument values is forced once
+the name is chosen: the wrapper, the keys, the punctuation, a single-choice enum. The engine drafts those
 tokens for free under every drafter (``eyas.spec_decode.grammar_drafts``). Objects that list their
 ``properties`` take no other keys (``closed``).
 
-Example (auto, one tool ``f`` with an integer ``x``, not parallel)::
+Example (auto, Hermes's syntax, one tool ``f`` with an integer ``x``, not parallel)::
 
     %llguidance {}
-    start: free | lead calls
+    start: free | lead "\\n{\\"name\\": \\"" calls
     free: TEXT
     TEXT: /(.|\\n)*/
     lead[lazy]: TEXT "<tool_call>"
     calls: call
-    call: "\\n" (call_0) "\\n</tool_call>"
-    call_0: "{\\"name\\": \\"f\\", \\"arguments\\": " args_0 "}"
+    call: call_0
+    call_0: "f\\", \\"arguments\\": " args_0 "}\\n</tool_call>"
     args_0: %json {"type": "object", "properties": {"x": {"type": "integer"}}, "x-guidance": {...}}
 """
 
@@ -32,8 +33,8 @@ import json
 
 from eyas.sampling.grammar import JSON_FORMAT
 from eyas.sampling.params import SamplingParams
-from eyas.tools.parse import CLOSE, TRIGGER
 from eyas.tools.spec import ToolRequest
+from eyas.tools.syntax import HEAD
 
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
 LITERALS = ("enum", "const", "default", "examples", "required")  # values, not schemas
@@ -41,22 +42,30 @@ LITERALS = ("enum", "const", "default", "examples", "required")  # values, not s
 
 def tool_grammar(request: ToolRequest) -> str | None:
     """The Lark grammar of a reply under ``request``; None when the reply is free (tool_choice "none")."""
-    tools = request.callable
+    tools, syntax = request.callable, request.syntax
     if not tools:
         return None
     lines = ["%llguidance {}"]
+    rest = (syntax.opening + HEAD)[len(syntax.trigger):]  # what follows the trigger up to the first name
     if request.choice == "auto":
-        lines += ["start: free | lead calls", "free: TEXT", r"TEXT: /(.|\n)*/", f"lead[lazy]: TEXT {json.dumps(TRIGGER)}"]
+        lines += [f"start: free | lead {_literal(rest)} calls", "free: TEXT", r"TEXT: /(.|\n)*/",
+                  f"lead[lazy]: TEXT {json.dumps(syntax.trigger)}"]
     else:
-        lines += [f"start: {json.dumps(TRIGGER)} calls"]
-    more = f" ({json.dumps(chr(10) + TRIGGER)} call)*" if request.parallel else ""
-    lines += [f"calls: call{more}",
-              f"call: \"\\n\" ({' | '.join(f'call_{i}' for i in range(len(tools)))}) {json.dumps(chr(10) + CLOSE)}"]
+        lines += [f"start: {json.dumps(syntax.opening + HEAD)} calls"]
+    more = f" ({json.dumps(syntax.separator + HEAD)} call)*" if request.parallel else ""
+    lines += [f"calls: call{more} {_literal(syntax.closing)}".rstrip(),
+              f"call: {' | '.join(f'call_{i}' for i in range(len(tools)))}"]
     for i, tool in enumerate(tools):
-        head = json.dumps(f'{{"name": {json.dumps(tool.name)}, "arguments": ')
+        head = json.dumps(f'{tool.name}", {json.dumps(syntax.arguments_key)}: ')
         schema = {**closed(tool.parameters), "x-guidance": JSON_FORMAT}
-        lines += [f'call_{i}: {head} args_{i} "}}"', f"args_{i}: %json {json.dumps(schema)}"]
+        lines += [f'call_{i}: {head} args_{i} {json.dumps("}" + syntax.suffix)}',
+                  f"args_{i}: %json {json.dumps(schema)}"]
     return "\n".join(lines) + "\n"
+
+
+def _literal(text: str) -> str:
+    """A Lark literal, or nothing for the empty text."""
+    return json.dumps(text) if text else ""
 
 
 def closed(schema):

@@ -1,15 +1,15 @@
-"""Tool calls read back out of generated text, whole or while it streams.
+"""Tool calls read back out of generated text, whole or while it streams, in the request's call syntax.
 
-The grammar (``eyas.tools.grammar``) writes every call as ``<tool_call>\\n{"name": N, "arguments": A}\\n
-</tool_call>`` with fixed separators, so the arguments are the exact text between the head and the
-tail: nothing is re-serialised, and a stream's argument pieces join into the same string the whole
-reply holds. Text before the first ``<tool_call>`` is the reply's content.
+The grammar (``eyas.tools.grammar``) writes every call as ``{"name": N, "<key>": A}`` with fixed separators,
+between the syntax's fixed texts (``eyas.tools.syntax``), so the arguments are the exact text of the JSON
+value after the key: nothing is re-serialised, and a stream's argument pieces join into the same string the
+whole reply holds. Text before the syntax's trigger is the reply's content.
 
-Example: ``'Let me check.<tool_call>\\n{"name": "get_weather", "arguments": {"city": "Paris"}}\\n</tool_call>'``
-parses to content ``"Let me check."`` and one call ``get_weather`` with arguments ``'{"city": "Paris"}'``.
-While streaming (``final=False``) the same text cut after ``{"city": "Pa`` gives the call's name and
-arguments ``'{"city": "Pa'`` so far, less the tail's length held back (it may be the tail forming);
-content holds back a suffix that could be the start of ``<tool_call>``.
+Example (Hermes): ``'Let me check.<tool_call>\\n{"name": "get_weather", "arguments": {"city": "Paris"}}\\n
+</tool_call>'`` parses to content ``"Let me check."`` and one call ``get_weather`` with arguments
+``'{"city": "Paris"}'``. While streaming (``final=False``) the same text cut after ``{"city": "Pa`` gives the
+call's name and arguments ``'{"city": "Pa'`` so far (an arguments object not yet closed is all arguments);
+content holds back a suffix that could be the start of the trigger.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import json
 import re
 from dataclasses import dataclass, field
 
-TRIGGER = "<tool_call>"
-CLOSE = "</tool_call>"
-HEAD = re.compile(r'\n\{"name": "((?:[^"\\]|\\.)*)", "arguments": ')
-TAIL = "}\n" + CLOSE
+from eyas.tools.syntax import HEAD, CallSyntax
+
+NAME = re.compile(r'((?:[^"\\]|\\.)*)", "(\w+)": ')
+DECODER = json.JSONDecoder()
 
 
 @dataclass
@@ -37,42 +37,50 @@ class ParsedReply:
     calls: list[ToolCall] = field(default_factory=list)
 
 
-def parse_reply(text: str, final: bool = True) -> ParsedReply:
+def parse_reply(text: str, syntax: CallSyntax, final: bool = True) -> ParsedReply:
     """``final``: the reply is whole; a last call cut short (by max_tokens) is left out, and when the first
     call does not parse the whole text is content."""
-    content, *segments = text.split(TRIGGER)
-    if not final and not segments:
-        return ParsedReply(content[:len(content) - _partial_trigger(content)])
-    calls = []
-    for i, segment in enumerate(segments):
-        call = _call(segment, last=i == len(segments) - 1, final=final)
+    start = text.find(syntax.trigger)
+    if start < 0:
+        return ParsedReply(text if final else text[:len(text) - _partial(text, syntax.trigger)])
+    content, calls, at, lead = text[:start], [], start, syntax.opening + HEAD
+    while text.startswith(lead, at):
+        call, at = _call(text, at + len(lead), syntax, final)
         if call is None:
-            return ParsedReply(text) if final and not calls else ParsedReply(content, calls)
+            break
         calls.append(call)
+        if not call.complete:
+            break
+        lead = syntax.separator + HEAD
+    if final and not calls:
+        return ParsedReply(text)
     return ParsedReply(content, calls)
 
 
-def _call(segment: str, last: bool, final: bool) -> ToolCall | None:
-    head = HEAD.match(segment)
-    if head is None:
-        return None  # not a call (whole), or its head still forming (streaming)
-    name = json.loads(f'"{head.group(1)}"')
-    end = segment.find(TAIL, head.end())
-    if end >= 0:
-        arguments = segment[head.end():end]
-        try:
-            json.loads(arguments)
-        except ValueError:
-            return None
-        return ToolCall(name, arguments)
-    if final or not last:
-        return None
-    return ToolCall(name, segment[head.end():max(head.end(), len(segment) - len(TAIL))], complete=False)
+def _call(text: str, at: int, syntax: CallSyntax, final: bool) -> tuple[ToolCall | None, int]:
+    """The call whose name starts at ``at``, and where the text after it starts; None when there is none
+    (cut short when ``final``; its name still forming while streaming)."""
+    head = NAME.match(text, at)
+    if head is None or head.group(2) != syntax.arguments_key:
+        return None, at
+    name, begin = json.loads(f'"{head.group(1)}"'), head.end()
+    try:
+        arguments, end = DECODER.raw_decode(text, begin)
+    except ValueError:  # not closed yet: everything after the key is arguments so far
+        return (None if final else ToolCall(name, text[begin:], complete=False)), len(text)
+    if not isinstance(arguments, dict):
+        return None, at
+    tail = "}" + syntax.suffix
+    if text.startswith(tail, end):
+        return ToolCall(name, text[begin:end]), end + len(tail)
+    if final or not tail.startswith(text[end:end + len(tail)]):
+        return None, at
+    return ToolCall(name, text[begin:end], complete=False), len(text)
 
 
-def _partial_trigger(text: str) -> int:
-    """Length of the longest suffix of ``text`` that starts ``<tool_call>`` (held back while streaming)."""
-    for n in range(min(len(TRIGGER) - 1, len(text)), 0, -1):
-        if TRIGGER.startswith(text[-n:]):
+def _partial(text: str, trigger: str) -> int:
+    """Length of the longest suffix of ``text`` that starts ``trigger`` (held back while streaming)."""
+    for n in range(min(len(trigger) - 1, len(text)), 0, -1):
+        if trigger.startswith(text[-n:]):
             return n
     return 0

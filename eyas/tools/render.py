@@ -4,11 +4,12 @@ Messages are OpenAI's dicts: an assistant message may carry ``tool_calls`` (``[{
 "function", "function": {"name", "arguments"}}]``, arguments as JSON text or an object) and a
 ``role: "tool"`` message answers one of them by ``tool_call_id``. Two renderings, picked by the template:
 
-* **native**: a template that knows tools (it reads ``tools`` and writes ``<tool_call>``, as Qwen's
-  and Hermes's do) gets ``tools=`` and the messages as Hugging Face passes them (arguments as objects);
+* **native**: a template that writes one of the known call syntaxes itself (``eyas.tools.syntaxes``: Hermes's
+  ``<tool_call>`` as Qwen's do, Llama 3.x's JSON, Mistral's ``[TOOL_CALLS]``) gets ``tools=`` and the
+  messages as Hugging Face passes them (arguments as objects, call ids as the syntax's templates accept them);
 * **generic**: any other template (SmolLM2's among them) gets plain messages: the tools are described
   in the system message (appended to the conversation's own, or a new first message), an assistant's
-  calls are written into its content in the call syntax, and tool results become a user message of
+  calls are written into its content in Hermes's syntax, and tool results become a user message of
   ``<tool_response>`` blocks (consecutive results share one message).
 
 Nothing is dropped: a shape neither rendering can carry is a ValueError naming the message and field.
@@ -20,20 +21,17 @@ from __future__ import annotations
 import json
 
 from eyas.model.tokenizer import Tokenizer
-from eyas.tools.parse import CLOSE, TRIGGER
 from eyas.tools.spec import ToolRequest
+from eyas.tools.syntax import CallSyntax
+from eyas.tools.syntaxes import GENERIC, for_template
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 PREFILL_MARK = "\x00eyas-prefill\x00"
 GENERIC_PREAMBLE = (
     "You can call functions. Their signatures are inside <tools></tools>:\n<tools>\n{tools}\n</tools>\n"
     "To call a function, reply with its name and arguments as JSON inside <tool_call></tool_call> tags:\n"
-    f"{TRIGGER}\n{{{{\"name\": \"<function name>\", \"arguments\": <arguments object>}}}}\n{CLOSE}\n"
-    "A function's result comes back inside <tool_response></tool_response> tags.")
-
-
-def knows_tools(template: str) -> bool:
-    return "tools" in template and TRIGGER in template
+    "<tool_call>\n{{\"name\": \"<function name>\", \"arguments\": <arguments object>}}\n</tool_call>\n"
+    "A function's result comes back inside <tool_response></tool_response> tags.")  # GENERIC's syntax
 
 
 def render_chat(tokenizer: Tokenizer, messages: list[dict], tools: ToolRequest | None = None,
@@ -49,9 +47,9 @@ def render_chat(tokenizer: Tokenizer, messages: list[dict], tools: ToolRequest |
                              "(the prefill to continue)")
         prefill = checked[-1]["content"]
         checked[-1] = {**checked[-1], "content": PREFILL_MARK}
-    native = tokenizer.chat_template is not None and knows_tools(tokenizer.chat_template)
+    syntax, native = for_template(tokenizer.chat_template)
     extra = {"tools": [t.as_openai() for t in tools.tools]} if native and tools is not None else {}
-    rendered = _native(checked) if native else _generic(checked, tools)
+    rendered = _native(checked, syntax) if native else _generic(checked, tools)
     try:
         text = tokenizer.apply_chat_template(rendered, add_generation_prompt=add_generation_prompt, **extra)
     except ValueError:
@@ -118,24 +116,18 @@ def _calls(value, where: str) -> list[dict]:
     return calls
 
 
-def _native(messages: list[dict]) -> list[dict]:
+def _native(messages: list[dict], syntax: CallSyntax) -> list[dict]:
     out = []
     for m in messages:
         entry = {"role": m["role"], "content": m["content"]}
         if m["tool_calls"]:
-            entry["tool_calls"] = [{"id": c["id"], "type": "function",
+            entry["tool_calls"] = [{"id": syntax.native_id(c["id"]), "type": "function",
                                     "function": {"name": c["name"], "arguments": c["arguments"]}}
                                    for c in m["tool_calls"]]
         if "tool_call_id" in m:
-            entry["tool_call_id"] = m["tool_call_id"]
+            entry["tool_call_id"] = syntax.native_id(m["tool_call_id"])
         out.append(entry)
     return out
-
-
-def call_text(name: str, arguments: dict) -> str:
-    """One call in the call syntax, as the grammar writes it."""
-    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-    return f"{TRIGGER}\n{body}\n{CLOSE}"
 
 
 def _generic(messages: list[dict], tools: ToolRequest | None) -> list[dict]:
@@ -150,7 +142,7 @@ def _generic(messages: list[dict], tools: ToolRequest | None) -> list[dict]:
             continue
         content = m["content"]
         if m["tool_calls"]:
-            content += "\n".join(call_text(c["name"], c["arguments"]) for c in m["tool_calls"])
+            content += GENERIC.calls_text([(c["name"], c["arguments"]) for c in m["tool_calls"]])
         out.append({"role": m["role"], "content": content})
     if tools is not None and tools.tools:
         listing = "\n".join(json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters},

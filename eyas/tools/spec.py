@@ -4,7 +4,8 @@
 Completions' ``{"type": "function", "function": {"name", "description", "parameters"}}`` and the
 Responses API's flat ``{"type": "function", "name", "description", "parameters"}``; ``tool_choice``
 ``"none"``, ``"auto"``, ``"required"``, or a named function in either shape. A bad value is a
-ValueError naming the field (``tools[1].function.name: ...``) and what is allowed.
+ValueError naming the field (``tools[1].function.name: ...``) and what is allowed. The request's call syntax
+is the one its chat template knows (``eyas.tools.syntaxes``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import re
 from dataclasses import dataclass
 
 import llguidance
+
+from eyas.tools.syntax import CallSyntax
+from eyas.tools.syntaxes import GENERIC, for_template
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 CHOICES = ("none", "auto", "required")
@@ -38,6 +42,7 @@ class ToolRequest:
     choice: str  # "none" | "auto" | "required" | "named"
     named: str | None = None  # the function tool_choice names (choice "named")
     parallel: bool = True  # more than one call per reply
+    syntax: CallSyntax = GENERIC  # how the model writes its calls
 
     @property
     def callable(self) -> tuple[Tool, ...]:
@@ -47,8 +52,10 @@ class ToolRequest:
         return () if self.choice == "none" else self.tools
 
     @classmethod
-    def from_openai(cls, tools, tool_choice=None, parallel_tool_calls=None) -> ToolRequest | None:
-        """None when the request has no tools and no tool_choice (or tool_choice "none" without tools)."""
+    def from_openai(cls, tools, tool_choice=None, parallel_tool_calls=None,
+                    chat_template: str | None = None) -> ToolRequest | None:
+        """None when the request has no tools and no tool_choice (or tool_choice "none" without tools).
+        ``chat_template``: the model's, which decides the call syntax."""
         if tools is None:
             if tool_choice not in (None, "none"):
                 raise ValueError(f"tool_choice: {tool_choice!r} needs tools; send tools or leave tool_choice out")
@@ -63,7 +70,8 @@ class ToolRequest:
         if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
             raise ValueError(f"parallel_tool_calls: {parallel_tool_calls!r} must be true or false")
         choice, named = _choice(tool_choice, names)
-        return cls(parsed, choice, named, True if parallel_tool_calls is None else parallel_tool_calls)
+        return cls(parsed, choice, named, True if parallel_tool_calls is None else parallel_tool_calls,
+                   for_template(chat_template)[0])
 
 
 def _tool(value, where: str) -> Tool:
