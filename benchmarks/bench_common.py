@@ -47,19 +47,24 @@ VLLM_VENV = Path(os.environ.get("VLLM_VENV", "/opt/vllm-cpu-venv"))  # made by s
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 
 
+def run_peer(cmd: list[str], env: dict | None = None, timeout: float = 3600) -> list[dict]:
+    """A peer script's command (run in the peer's own venv) -> the JSON records it prints; [] (and the reason
+    printed) when it fails."""
+    print("  $", " ".join(shlex.quote(c) for c in cmd), flush=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    if done.returncode != 0:
+        print(f"  peer failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}", flush=True)
+        return []
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
 def run_vllm_peer(peer_args: list[str], timeout: float = 3600) -> list[dict]:
     """``benchmarks/peer_vllm.py peer_args`` in vllm-cpu's venv -> its JSON records, one per batch size; [] (and the
     reason printed) when the venv is missing or the peer fails."""
     python = VLLM_VENV / "bin" / "python"
     if not python.exists():
-        print(f"  vllm-cpu: no venv at {python.parent.parent} (bash benchmarks/setup_vllm_cpu.sh)", flush=True)
+        print(f"  vllm-cpu: no venv at {VLLM_VENV} (bash benchmarks/setup_vllm_cpu.sh)", flush=True)
         return []
-    cmd = [str(python), str(Path(__file__).with_name("peer_vllm.py")), *peer_args]
-    print("  $", " ".join(shlex.quote(c) for c in cmd), flush=True)
     preload = ":".join(str(p) for p in (TCMALLOC, VLLM_VENV / "lib" / "libiomp5.so") if p.exists())
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "LD_PRELOAD": preload})
-    if done.returncode != 0:
-        print(f"  vllm-cpu failed (exit {done.returncode}): {done.stderr.strip()[-1500:]}", flush=True)
-        return []
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return run_peer([str(python), str(Path(__file__).with_name("peer_vllm.py")), *peer_args],
+                    {"HF_HUB_OFFLINE": "1", "LD_PRELOAD": preload}, timeout)

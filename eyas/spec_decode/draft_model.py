@@ -84,12 +84,16 @@ class DraftModelProposer(Proposer):
             _check_same_vocabulary(config.model, self.draft_config)
             self.model = load_model(self.draft_config, config.dtype, config.device, config.max_positions)
             num_layers, group = None, None  # the group index is given by bind_kv_caches
-        self.group = group  # the KV-cache group the draft layers read and write
         self.step_fn = model_step(self.model, num_layers)
         # the catch-up forward over the verification layout, and the graphed decode steps
         self.layout_forward = LayoutForward(backend, engine_graphs(config, backend),
                                             [CacheGroup(group)] if group is not None else [], self.block_size,
                                             self.max_blocks, self.device)
+
+    @property
+    def group(self) -> int:
+        """The KV-cache group the draft layers read and write (the layout forward's one group)."""
+        return self.layout_forward.groups[0].index
 
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]:
         if self.draft_config is None:
@@ -101,7 +105,6 @@ class DraftModelProposer(Proposer):
     def bind_kv_caches(self, num_blocks: int, block_size: int, first_group: int) -> None:
         if self.draft_config is None:
             return
-        self.group = first_group
         self.layout_forward.groups = [CacheGroup(first_group)]
         cfg = self.draft_config
         for layer in self.model.attention_layers():
