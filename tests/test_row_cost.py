@@ -1,11 +1,13 @@
 """The row-cost curve adaptive drafting prices drafts with (``eyas/runner/row_cost.py``): measured once per CPU,
 weight format, matmul precision and threads, kept in the cache folder, read afterwards; a changed record changes
-how many drafts are verified; an explicit ``draft_row_cost`` wins without measuring."""
+how many drafts are verified; an explicit ``draft_row_cost`` wins without measuring. A drafter's products are
+recorded alike, per drafter."""
 
 import json
 
 import pytest
 from test_gguf_quantized import write_quantized_gguf
+from torch import nn
 
 from eyas import LLM
 from eyas.model import quantized as Q
@@ -66,3 +68,23 @@ def test_a_changed_record_changes_the_decision(tmp_path, records):
     record.write_text("not json")  # a record that cannot be read is measured again
     assert _llm(path).engine.scheduler.drafts.row_cost(1) == 1.0
     assert json.loads(record.read_text())["rows"] == list(row_cost.ROWS)
+
+
+def test_a_drafters_products_are_measured_once_per_drafter_then_read(records, monkeypatch):
+    """In one-row passes of the target's products: a drafter that is a copy of the target costs about 1 at one
+    row; the record is read afterwards; another drafter gets its own record."""
+    target = nn.Sequential(nn.Linear(256, 1024), nn.Linear(1024, 256))
+    twin = nn.Sequential(nn.Linear(256, 1024), nn.Linear(1024, 256))
+    first = row_cost.measured_draft_products(twin, target, None, "highest", 1)
+    [record] = records.glob("*.json")
+    saved = json.loads(record.read_text())
+    assert saved["rows"] == list(row_cost.DRAFT_ROWS) and saved["costs"] == sorted(saved["costs"])
+    assert 0.5 < saved["costs"][0] < 2.0  # the same work as the target's one row
+    assert first == RowCost(tuple(zip(saved["rows"], saved["costs"])))
+
+    def no_measuring(*_):
+        raise AssertionError("measured again")
+    monkeypatch.setattr(row_cost, "_fastest", no_measuring)
+    assert row_cost.measured_draft_products(twin, target, None, "highest", 1) == first
+    with pytest.raises(AssertionError, match="measured again"):  # another drafter shape: another record
+        row_cost.measured_draft_products(nn.Sequential(nn.Linear(256, 64)), target, None, "highest", 1)

@@ -119,14 +119,14 @@ def test_expected_drafts_equal_what_the_next_step_verifies():
     from eyas.engine.draft_planner import DraftRecord
     from eyas.engine.scheduler import Scheduler
     from eyas.kv.manager import KVCacheGroupSpec, KVCacheManager
-    from eyas.spec_decode.adaptive import DraftBudget, Evidence, RowCost
+    from eyas.spec_decode.adaptive import DraftBudget, DraftCost, Evidence, RowCost
     from eyas.spec_decode.config import SpeculativeConfig
 
     k = 4
     kv = KVCacheManager([KVCacheGroupSpec("target", ("layers",), 1)], 512, 16, enable_prefix_caching=False)
     scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=256, max_model_len=1024), kv,
                           SpeculativeConfig(method="ngram", num_speculative_tokens=k), draft_row_cost=RowCost.linear(0.07),
-                          draft_step_cost=0.35)
+                          draft_step_cost=DraftCost(0.35))
     evidence = [(30.0, 0.5), (6.0, 1.0), (2.0, 2.0), (1.0, 4.0)]  # accepted, rejections: 0.96 .. 0.29
     for i in range(16):
         params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=2 if i == 4 else 64, speculate=i != 5)

@@ -298,7 +298,7 @@ def test_a_request_the_cost_model_skips_is_retried_as_its_evidence_fades():
 
 
 def test_draft_allocation_follows_the_documented_examples():
-    from eyas.spec_decode.adaptive import RowCost, allocate_drafts
+    from eyas.spec_decode.adaptive import DraftCost, RowCost, allocate_drafts
 
     line = RowCost.linear
 
@@ -315,26 +315,63 @@ def test_draft_allocation_follows_the_documented_examples():
     # verify 1 without); then the 4th, worth 0.5, no longer covers its row (0.5 * (1 + 0.05 * 32) < 0.05 * 32)
     assert allocate_drafts([(8, 0.5, 3)] * 8, num_rows=8, cost=line(0.05), max_drafts=64) == [3] * 8
     # a drafter whose step costs s = 0.35 of a one-row forward: drafts must pay for it too (k = 1)
-    assert allocate_drafts([(1, 0.5, 0)], num_rows=1, cost=line(0.07), max_drafts=64, step_cost=0.35) == [1]
-    assert allocate_drafts([(1, 0.36, 0)], num_rows=1, cost=line(0.07), max_drafts=64, step_cost=0.35) == [0]
-    assert allocate_drafts([(1, 0.5, 0)] * 14, num_rows=14, cost=line(0.07), max_drafts=64, step_cost=0.35) == [0] * 14
-    assert allocate_drafts([(1, 0.5, 0)] * 4, num_rows=4, cost=line(0.07), max_drafts=64, step_cost=0.35) == [1] * 4
+    assert allocate_drafts([(1, 0.5, 0)], num_rows=1, cost=line(0.07), max_drafts=64, step_cost=DraftCost(0.35)) == [1]
+    assert allocate_drafts([(1, 0.36, 0)], num_rows=1, cost=line(0.07), max_drafts=64, step_cost=DraftCost(0.35)) == [0]
+    assert allocate_drafts([(1, 0.5, 0)] * 14, num_rows=14, cost=line(0.07), max_drafts=64, step_cost=DraftCost(0.35)) == [0] * 14
+    assert allocate_drafts([(1, 0.5, 0)] * 4, num_rows=4, cost=line(0.07), max_drafts=64, step_cost=DraftCost(0.35)) == [1] * 4
     # a draft forced by a grammar needs no drafter: at batch 16 it is verified, the drafter's 0.3 after it is not
     assert allocate_drafts([(4, 0.3, 1)] + [(0, 0.5, 0)] * 15, num_rows=16, cost=line(0.07), max_drafts=64,
-                           step_cost=0.35) == [1] + [0] * 15
+                           step_cost=DraftCost(0.35)) == [1] + [0] * 15
 
 
 def test_draft_allocation_looks_past_a_jump_in_the_row_cost():
     """An earlier kernel's GGUF curve: a 5th row costs 0.60 of a forward after 0.12 for the 4th, so a 4th draft
     alone never pays; at acceptance 0.95 all 8 drafts do (7.40 tokens for 2.70 beat 3.71 for 1.47), at 0.90 not."""
-    from eyas.spec_decode.adaptive import RowCost, allocate_drafts
+    from eyas.spec_decode.adaptive import DraftCost, RowCost, allocate_drafts
 
     gguf = RowCost(((1, 1.0), (2, 1.12), (3, 1.35), (4, 1.47), (5, 2.07), (6, 2.18), (8, 2.53), (10, 2.87)))
     assert allocate_drafts([(8, 0.95, 0)], num_rows=1, cost=gguf, max_drafts=64) == [8]
     assert allocate_drafts([(8, 0.90, 0)], num_rows=1, cost=gguf, max_drafts=64) == [3]
     assert allocate_drafts([(8, 0.95, 0)], num_rows=1, cost=gguf, max_drafts=5) == [3]  # 5 do not clear the jump
     # the drafter's step is paid once: with s = 0.2 the same request still takes all 8
-    assert allocate_drafts([(8, 0.95, 0)], num_rows=1, cost=gguf, max_drafts=64, step_cost=0.2) == [8]
+    assert allocate_drafts([(8, 0.95, 0)], num_rows=1, cost=gguf, max_drafts=64, step_cost=DraftCost(0.2)) == [8]
+
+
+# the shipped EAGLE-3 drafter's products and the GGUF target's at "low", one thread (Emerald Rapids Xeon)
+DRAFTER_PRODUCTS = ((1, 0.052), (2, 0.065), (4, 0.085), (8, 0.149), (16, 0.254), (32, 0.48))
+LOW_ROWS = ((1, 1.0), (2, 1.07), (4, 1.22), (8, 1.64), (16, 2.89))
+
+
+def test_draft_cost_grows_with_the_requests_drafted_for():
+    """DraftCost's formulas, written out here: base + P(2r) - P(2) + (d - 1) (P(r) - P(1)) for a chain drafter,
+    base + P(2r) - P(2) + P((d - 1) r) - P(d - 1) for a parallel one; nothing when no request drafts."""
+    from eyas.spec_decode.adaptive import DraftCost, RowCost
+
+    p = RowCost(DRAFTER_PRODUCTS)
+    chain, parallel, flat = DraftCost(0.15, p), DraftCost(0.15, p, parallel=True), DraftCost(0.15)
+    assert chain(0, 3) == parallel(0, 3) == flat(0, 2) == chain(2, 0) == 0.0
+    for depth in (1, 2, 4):  # one request costs the timed batch-1 figure at any depth
+        assert chain(1, depth) == pytest.approx(0.15) and parallel(1, depth) == pytest.approx(0.15)
+    assert chain(8, 1) == pytest.approx(0.15 + 0.254 - 0.065)  # the docstring's example
+    assert chain(8, 3) == pytest.approx(0.15 + 0.254 - 0.065 + 2 * (0.149 - 0.052))
+    assert parallel(8, 3) == pytest.approx(0.15 + 0.254 - 0.065 + 0.254 - 0.065)  # 16 mask rows, one pass
+    assert chain(3, 2) == pytest.approx(0.15 + (0.085 + 0.149) / 2 - 0.065 + (0.065 + 0.085) / 2 - 0.052)
+    assert flat(16, 4) == 0.15
+
+
+def test_a_drafter_that_costs_more_at_batch_8_drafts_less_there():
+    """8 requests at acceptance 0.9 offering 3 drafts: with the flat 0.15 they verify 2 each (21.7 tokens for
+    4.14 + 0.15 beat 8 for 1.64), with the cost grown to 8 requests none (4.14 + 0.44 does not); at batch 1 and 4
+    both agree."""
+    from eyas.spec_decode.adaptive import DraftCost, RowCost, allocate_drafts
+
+    target, p = RowCost(LOW_ROWS), RowCost(DRAFTER_PRODUCTS)
+    flat, grown = DraftCost(0.15), DraftCost(0.15, p)
+    assert allocate_drafts([(3, 0.9, 0)] * 8, 8, target, 64, flat) == [2] * 8
+    assert allocate_drafts([(3, 0.9, 0)] * 8, 8, target, 64, grown) == [0] * 8
+    for batch in (1, 4):
+        assert allocate_drafts([(3, 0.9, 0)] * batch, batch, target, 64, flat) == [3] * batch
+        assert allocate_drafts([(3, 0.9, 0)] * batch, batch, target, 64, grown) == [3] * batch
 
 
 def test_adaptive_drafting_backs_off_when_drafts_are_useless(spec_models, monkeypatch):

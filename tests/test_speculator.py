@@ -240,6 +240,8 @@ def test_a_drafter_the_cost_model_rejects_at_batch_16_never_runs_its_head(drafte
     want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
     # the row cost fixed at the docstring's 0.07, not this machine's measured curve; the step's cost is the drafter's own
     llm = _llm(drafters, "eagle3", spec_over={"draft_step_cost": None, "draft_row_cost": 0.07})
+    step_cost = llm.engine.scheduler.drafts.step_cost  # 0.15 at one request, grown by the measured products
+    assert step_cost(1, 2) == 0.15 and step_cost.products is not None and step_cost(16, 2) > step_cost(8, 2) > 0.15
     proposer = llm.engine.runner.proposer
     calls = {"propose": 0, "prefill": 0, "head": 0, "decode": 0}
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eyas.core.request import Request
-from eyas.spec_decode.adaptive import FREE_ROWS, DraftBudget, RowCost, allocate_drafts
+from eyas.spec_decode.adaptive import FREE_ROWS, NO_DRAFT_COST, DraftBudget, DraftCost, RowCost, allocate_drafts
 
 
 @dataclass
@@ -39,7 +39,8 @@ NO_DRAFTS = Drafts([], [], None)
 
 
 class DraftPlanner:
-    def __init__(self, max_drafts: int, adaptive: bool, row_cost: RowCost = FREE_ROWS, step_cost: float = 0.0):
+    def __init__(self, max_drafts: int, adaptive: bool, row_cost: RowCost = FREE_ROWS,
+                 step_cost: DraftCost = NO_DRAFT_COST):
         self.max_drafts = max_drafts  # every request's lookahead slots
         self.adaptive = adaptive
         self.row_cost = row_cost  # a forward's cost by its rows, in one-row forwards

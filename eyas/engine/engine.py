@@ -46,7 +46,7 @@ class Engine:
         spec = config.speculative
         device = config.device.type
         costs = (spec.row_cost(device, self.runner.measured_row_cost),
-                 spec.step_cost(device, self.runner.proposer)) if spec else ()
+                 spec.step_cost(device, self.runner.proposer, self.runner.measured_draft_products)) if spec else ()
         self.scheduler = Scheduler(config.scheduler, self.kv, spec, *costs)
         self.outputs = OutputProcessor(tokenizer)
         # structured output: the grammar ends with the model's end-of-sequence tokens (else the tokenizer's)

@@ -24,7 +24,7 @@ from eyas.core.request import Request, RequestStatus
 from eyas.core.step import RunnerOutput, ScheduledRequest, SchedulerOutput
 from eyas.engine.draft_planner import NO_DRAFTS, DraftPlanner, Drafts
 from eyas.kv.manager import KVCacheManager
-from eyas.spec_decode.adaptive import FREE_ROWS, RowCost
+from eyas.spec_decode.adaptive import FREE_ROWS, NO_DRAFT_COST, DraftCost, RowCost
 
 if TYPE_CHECKING:
     from eyas.spec_decode.config import SpeculativeConfig
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, speculative: "SpeculativeConfig | None" = None,
-                 draft_row_cost: RowCost = FREE_ROWS, draft_step_cost: float = 0.0):
+                 draft_row_cost: RowCost = FREE_ROWS, draft_step_cost: DraftCost = NO_DRAFT_COST):
         self.config = config
         self.kv = kv
         self.speculative = speculative

@@ -35,7 +35,7 @@ from eyas.model.layout_forward import CacheGroup, LayoutForward, model_step
 from eyas.model.llama import ModelOutput
 from eyas.model.loader import load_model
 from eyas.runner.prompt_logprobs import prompt_logprobs
-from eyas.runner.row_cost import measured_row_cost
+from eyas.runner.row_cost import measured_draft_products, measured_row_cost
 from eyas.sampling.grammar_masks import GrammarMasks, GrammarTimings, MaskFiller, PendingMasks
 from eyas.sampling.penalties import penalize
 from eyas.sampling.rejection import VerifyResult, greedy_verify, rejection_sample, shared_noise_verify
@@ -82,6 +82,11 @@ class ModelRunner:
         recorded the first time: eyas/runner/row_cost.py)."""
         return measured_row_cost(self.model, self.config.quantization, self.config.matmul_precision,
                                  torch.get_num_threads())
+
+    def measured_draft_products(self, drafter: torch.nn.Module) -> RowCost:
+        """A drafter's products by rows, in one-row passes of the target's, on this CPU (recorded like the row cost)."""
+        return measured_draft_products(drafter, self.model, self.config.quantization, self.config.matmul_precision,
+                                       torch.get_num_threads())
 
     @property
     def grammar_timings(self) -> GrammarTimings:

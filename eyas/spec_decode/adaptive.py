@@ -36,11 +36,13 @@ prompts, 4 interleaved repeats, 2 threads: 1.05x plain against 1.05x).
 Per batch (``allocate_drafts``): a forward of n rows costs ``cost(n)`` (``RowCost``: on a CPU the curve
 measured for the target's products on this machine, ``eyas/runner/row_cost.py``; a user's
 ``SpeculativeConfig.draft_row_cost`` c makes it the line ``1 + c * n``), plus s when it verifies any draft the
-drafter made (s = the drafter's step cost, ``SpeculativeConfig.draft_step_cost``: what a drafter that leaves
-out the requests told 0 spends on a step it drafts in; 0 for cheap proposers), and a step emits E tokens, one
+drafter made (s = the drafter's step cost, ``DraftCost``, by how many requests it drafts for and how deep: what a
+drafter that leaves out the requests told 0 spends on a step it drafts in; 0 for cheap proposers;
+``SpeculativeConfig.draft_step_cost`` makes it flat), and a step emits E tokens, one
 per sampling request plus the expected accepted drafts. Drafts are ranked best first, and the step verifies
-the prefix of that ranking with the highest E / cost (the longer on a tie; s counts once the prefix holds a
-draft the drafter made, so its drafts are kept only if they beat the step without them). On a line a draft
+the prefix of that ranking with the highest E / cost (the longer on a tie; s counts as soon as the prefix holds a
+draft the drafter made, and grows with the requests it drafts for, so its drafts are kept only if they beat the step
+without them). On a line a draft
 worth g tokens raises E / cost iff ``g * (1 + c * n + s) >= c * E``, and the best prefix is where that first
 fails. The measured CPU curves bend the other way at a register tile's edge: on the GGUF curve a 5th row costs
 0.60 of a forward where the 4th cost 0.12. One request at acceptance 0.95 offering 8 drafts: the 4th, worth
@@ -174,25 +176,69 @@ class RowCost:
 FREE_ROWS = RowCost.linear(0.0)  # rows that cost nothing (CUDA): every offered draft is verified
 
 
+@dataclass(frozen=True)
+class DraftCost:
+    """What a drafter's work costs in a step that drafts, in one-row target forwards, by the number of requests it
+    drafts for (r) and the most drafts one of them gets (d); ``s(0, d) = 0``: a drafter that leaves out the requests
+    told 0 costs nothing when every request is (``eyas.spec_decode.catch_up``).
+
+    ``base`` is what drafting for one request costs, timed end to end at batch 1 (draft prefill, head, decode steps,
+    Python). ``products`` is the drafter's own matrix products by rows, in one-row target forwards, measured on this
+    machine (``eyas.runner.row_cost.measured_draft_products``); more requests add their growth: a draft prefill of
+    about 2 rows a request (the verified token and an accepted draft), then for a chain drafter d - 1 decode passes
+    of r rows, for a parallel one a single forward of (d - 1) r mask rows::
+
+        s(r, d) = base + P(2r) - P(2) + (d - 1) (P(r) - P(1))       chain
+        s(r, d) = base + P(2r) - P(2) + P((d - 1) r) - P(d - 1)    parallel
+
+    Without ``products`` (CUDA, a user's ``draft_step_cost``) s is ``base`` for any r > 0. Example (the shipped EAGLE-3
+    drafter on one thread of an Emerald Rapids Xeon: P(1) = 0.052, P(2) = 0.065, P(8) = 0.149, P(16) = 0.254): one
+    request costs 0.15 at any depth, 8 requests at depth 1 cost 0.15 + 0.254 - 0.065 = 0.34, at depth 3 another
+    2 (0.149 - 0.052) = 0.19. The flat 0.15 this replaces let EAGLE-3 draft at batch 8 where its drafts did not pay.
+    """
+
+    base: float = 0.0
+    products: RowCost | None = None
+    parallel: bool = False
+
+    def __call__(self, requests: int, depth: int) -> float:
+        if requests == 0 or depth == 0:
+            return 0.0
+        if self.products is None:
+            return self.base
+        p = self.products
+        passes = (p((depth - 1) * requests) - p(depth - 1) if self.parallel
+                  else (depth - 1) * (p(requests) - p(1)))
+        return self.base + p(2 * requests) - p(2) + passes
+
+
+NO_DRAFT_COST = DraftCost()  # a proposer whose drafting is cheap, or that drafts whatever it is told
+
+
 def allocate_drafts(offers: list[tuple[int, float, int]], num_rows: int, cost: RowCost,
-                    max_drafts: int, step_cost: float = 0.0) -> list[int]:
+                    max_drafts: int, step_cost: DraftCost = NO_DRAFT_COST) -> list[int]:
     """How many drafts each sampling request verifies this step (see the module docstring).
 
     ``offers[i]`` = (drafts request i may verify, its acceptance estimate, how many of them lead
     the chain forced by its grammar); ``num_rows``: the forward's rows without drafts; ``cost``: the
     forward's cost by its rows; ``max_drafts``: what the token budget
-    leaves for drafts; ``step_cost``: the drafter's work, paid by a step that verifies any draft it made
-    (forced drafts need none).
+    leaves for drafts; ``step_cost``: the drafter's work, paid by a step that verifies drafts it made, by the
+    requests it drafts for and their most drafts (forced drafts need none).
     """
     gains = sorted(((acceptance ** max(0, j - certain), j <= certain, i)
                     for i, (n, acceptance, certain) in enumerate(offers) for j in range(1, n + 1)),
                    key=lambda gain: -gain[0])[:max_drafts]  # stable: a request's drafts stay in order; forced first
-    tokens, drafted = float(len(offers)), False
+    tokens = float(len(offers))
+    made = [0] * len(offers)  # per request: drafts of the prefix that the drafter made
+    requests = depth = 0
     best, take = tokens / cost(num_rows), 0  # E / cost of the best prefix of ``gains``, and its length
-    for m, (gain, certain, _) in enumerate(gains, start=1):
+    for m, (gain, certain, i) in enumerate(gains, start=1):
         tokens += gain
-        drafted = drafted or not certain
-        rate = tokens / (cost(num_rows + m) + (step_cost if drafted else 0.0))
+        if not certain:
+            made[i] += 1
+            requests += made[i] == 1
+            depth = max(depth, made[i])
+        rate = tokens / (cost(num_rows + m) + step_cost(requests, depth))
         if rate >= best:
             best, take = rate, m
     counts = [0] * len(offers)

@@ -6,8 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import cached_property
 
+import torch
+
 from eyas.config import MAX_SPECULATIVE_TOKENS
-from eyas.spec_decode.adaptive import FREE_ROWS, RowCost
+from eyas.spec_decode.adaptive import FREE_ROWS, DraftCost, RowCost
 from eyas.spec_decode.options import MethodOptions
 from eyas.spec_decode.registry import PROPOSERS, WRAPPERS, proposer_class, wrapper_class
 
@@ -42,7 +44,8 @@ class SpeculativeConfig:
     # what drafting costs in a step in which some request drafts, as a fraction of a one-row forward, for a
     # proposer that leaves out the requests the scheduler expects to verify no drafts of (spec/adaptive.py):
     # drafts are verified only where they pay for it too. None = the proposer's figure for the device
-    # (``Proposer.step_cost``: 0.15 for hidden-state drafters on a CPU; 0 on CUDA and for n-gram and suffix)
+    # (``Proposer.step_cost``: for hidden-state drafters on a CPU 0.15 at one request, growing with the requests as
+    # their products measure on this machine; 0 on CUDA and for n-gram and suffix). A number here is flat.
     draft_step_cost: float | None = None
     options: MethodOptions = MethodOptions()  # the method's own keys (its proposer's Options)
     wrappers: tuple[tuple[str, MethodOptions], ...] = ()  # (name, options) of each wrapper switched on, inner first
@@ -61,8 +64,11 @@ class SpeculativeConfig:
             return RowCost.linear(self.draft_row_cost)
         return measured() if device_type == "cpu" else FREE_ROWS
 
-    def step_cost(self, device_type: str, proposer) -> float:
-        return self.draft_step_cost if self.draft_step_cost is not None else proposer.step_cost(device_type)
+    def step_cost(self, device_type: str, proposer, products: Callable[[torch.nn.Module], RowCost]) -> DraftCost:
+        """``draft_step_cost`` flat, else the proposer's (``Proposer.step_cost``; ``products`` measures on a CPU)."""
+        if self.draft_step_cost is not None:
+            return DraftCost(base=self.draft_step_cost)
+        return proposer.step_cost(device_type, products)
 
     @classmethod
     def from_dict(cls, config: dict | "SpeculativeConfig") -> "SpeculativeConfig":

@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 
 from eyas.core.step import DoneRequest
+from eyas.spec_decode.adaptive import NO_DRAFT_COST, DraftCost, RowCost
 from eyas.spec_decode.options import MethodOptions
 
 
@@ -96,12 +97,14 @@ class Proposer(ABC):
         """k when the user gives none (a checkpoint may name it), from the raw speculative_config dict."""
         return None
 
-    def step_cost(self, device_type: str) -> float:
-        """What this proposer's work costs in a step in which some request drafts, as a fraction of a one-row target
-        forward, where it leaves out the rows told 0 (``ProposerInput.expected_drafts``): the cost model charges it
-        to the steps that verify drafts (``eyas.spec_decode.adaptive``). 0: drafting is cheap, or it runs whatever it is
-        told. ``SpeculativeConfig.draft_step_cost`` overrides it."""
-        return 0.0
+    def step_cost(self, device_type: str, products: Callable[[torch.nn.Module], RowCost]) -> DraftCost:
+        """What this proposer's work costs in a step in which some requests draft, in one-row target forwards, where
+        it leaves out the rows told 0 (``ProposerInput.expected_drafts``): the cost model charges it to the steps
+        that verify drafts (``eyas.spec_decode.adaptive.DraftCost``). ``products(module)``: a module's matrix
+        products by rows, in one-row passes of the target's, measured on this CPU (call it on a CPU only).
+        ``NO_DRAFT_COST``: drafting is cheap, or it runs whatever it is told. ``SpeculativeConfig.draft_step_cost``
+        overrides it."""
+        return NO_DRAFT_COST
 
     def kv_cache_groups(self) -> list:
         """Extra KV-cache groups (eyas.kv.manager.KVCacheGroupSpec) this proposer's layers need."""

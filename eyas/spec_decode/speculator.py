@@ -57,7 +57,7 @@ import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 
@@ -69,6 +69,7 @@ from eyas.model.attention import block_table_tensor, default_backend, get_backen
 from eyas.model.cuda_graphs import engine_graphs, pad_table
 from eyas.model.drafters.checkpoint import load_drafter
 from eyas.model.layout_forward import CacheGroup, LayoutForward
+from eyas.spec_decode.adaptive import NO_DRAFT_COST, DraftCost, RowCost
 from eyas.spec_decode.catch_up import CatchUp, DraftBatch
 from eyas.spec_decode.draft_sampling import DraftSampler
 from eyas.spec_decode.options import MethodOptions, option
@@ -157,13 +158,17 @@ class HiddenStateSpeculator(Proposer):
             raise ValueError(f"speculative_config.num_speculative_tokens: {k} exceeds the {depths} depths the parallel "
                              f"drafter was trained for (parallel_drafting_depths in {config_file})")
 
-    def step_cost(self, device_type: str) -> float:
-        """What leaving every request out of a step saves, on a CPU, in one-row forwards of the target: not the
-        whole draft step, since a left-out request's rows are caught up later (``eyas.spec_decode.catch_up``) and a step
-        that drafts for nobody still builds its inputs. Timed for the shipped EAGLE-3 drafter at batch 1: 0.10-0.14
-        on 1 thread, 0.16 on 2 (benchmarks/README.md, ``bench_drafters.py``). An MTP step runs the target's whole
-        head and costs about 1.35x as much, so for MTP the figure is low. On CUDA its graphs make it small: 0."""
-        return 0.15 if device_type == "cpu" else 0.0
+    def step_cost(self, device_type: str, products: Callable[[torch.nn.Module], RowCost]) -> DraftCost:
+        """On a CPU: at one request, what leaving every request out of a step saves, in one-row forwards of the
+        target (not the whole draft step, since a left-out request's rows are caught up later,
+        ``eyas.spec_decode.catch_up``, and a step that drafts for nobody still builds its inputs), timed for the
+        shipped EAGLE-3 drafter at batch 1: 0.10-0.14 on 1 thread, 0.16 on 2 (benchmarks/README.md,
+        ``bench_drafters.py``); more requests add what the drafter's products, measured on this CPU, grow by
+        (``DraftCost``). An MTP step runs the target's whole head and costs about 1.35x as much, so for MTP the
+        figure is low. On CUDA its graphs make it small: 0."""
+        if device_type != "cpu":
+            return NO_DRAFT_COST
+        return DraftCost(base=0.15, products=products(self.drafter), parallel=bool(self.drafter.parallel_depths))
 
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]:
         groups = [KVCacheGroupSpec(f"{self.method}.{i}", (f"drafter.layers.{i}",),

@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from eyas.core.step import DoneRequest
+from eyas.spec_decode.adaptive import DraftCost, RowCost
 from eyas.spec_decode.config import SpeculativeConfig
 from eyas.spec_decode.options import option
 from eyas.spec_decode.proposer import Proposer, ProposerInput, ProposerOutput
@@ -72,8 +74,8 @@ class SuffixHybrid(Proposer):
         self.aux_layer_ids = drafter.aux_layer_ids
         self.suffix_rows = self.drafter_rows = 0  # rows that took each kind of draft, over the engine's life
 
-    def step_cost(self, device_type: str) -> float:
-        return self.drafter.step_cost(device_type)
+    def step_cost(self, device_type: str, products: Callable[[torch.nn.Module], RowCost]) -> DraftCost:
+        return self.drafter.step_cost(device_type, products)
 
     def kv_cache_groups(self) -> list:
         return self.drafter.kv_cache_groups()
