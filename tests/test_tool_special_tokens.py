@@ -2,8 +2,8 @@
 Hermes tokenizers' ``<tool_call>`` and ``</tool_call>``), on a copy of the tiny byte-level tokenizer with those texts
 added as special tokens. The grammar names the token (llguidance's ``<[id]>``) in "required", named and "auto"
 grammars and refuses the text spelled in plain pieces; the reply's text keeps the token for the parser while the
-content never shows it; on a tiny random model a "required" reply is the special token and a schema-valid call,
-whole and streamed alike, token for token the same with n-gram drafts, which draft through the special tokens."""
+content never shows it; on a tiny random model a reply is the special token and a schema-valid call, token for
+token the same with n-gram drafts, which draft through the special tokens, and served whole and streamed alike."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import shutil
 
 import jsonschema
 import pytest
+from server_helpers import Server
 from test_tool_syntaxes import HERMES_TEMPLATE, MISTRAL_TEMPLATE, SEARCH, WEATHER
 from tokenizers import Tokenizer as Backend
 
@@ -20,13 +21,11 @@ from eyas.model.detokenizer import IncrementalDetokenizer
 from eyas.model.resolve import resolve_model
 from eyas.model.tokenizer import Tokenizer
 from eyas.sampling.grammar import GrammarCompiler
-from eyas.server.responses import chat_message
 from eyas.server.tool_stream import ReplyDeltas
 from eyas.tools import ToolRequest, parse_reply
 from eyas.tools.grammar import constrain, tool_grammar
 from eyas.tools.hermes import HERMES
 from eyas.tools.mistral import MISTRAL
-from eyas.tools.render import render_chat
 
 SPECIALS = {"mistral": (["[TOOL_CALLS]"], MISTRAL_TEMPLATE), "hermes": (["<tool_call>", "</tool_call>"], HERMES_TEMPLATE)}
 ARGS = {"city": "Oslo", "unit": "celsius"}
@@ -149,55 +148,55 @@ def test_the_reply_keeps_the_special_tokens_for_the_parser_whole_and_streamed(sp
 
 @pytest.mark.parametrize("name", SPECIALS)
 def test_a_tiny_model_writes_the_special_token_and_a_valid_call(special_models, name):
-    """LLM.chat with tool_choice "required": each reply starts with the special token and parses to calls that
-    validate; the same tokens with n-gram drafts, which draft the forced tokens after it (for Hermes the special
-    ``</tool_call>`` too); the engine's stream, as the server sends it, joins into the
-    whole message."""
+    """LLM.chat: under "required" each reply starts with the special token and parses to a call that validates;
+    under "auto", with the special token made likely, the free text ends there and the call that follows is valid.
+    Token for token the same with n-gram drafts, which draft the forced tokens after the special token (for
+    Hermes the special ``</tool_call>`` itself)."""
     outs, autos, llms = {}, {}, {}
-    conversations = [[{"role": "user", "content": f"Weather {i}?"}] for i in range(3)]
-    params = SamplingParams(temperature=0, max_tokens=120)
+    conversations = [[{"role": "user", "content": f"Weather {i}?"}] for i in range(2)]
     tokenizer = Tokenizer.from_folder(special_models[name])
-    request = ToolRequest.from_openai([WEATHER, SEARCH], "required", False, tokenizer)
-    trigger = request.syntax.trigger_token
+    syntax = ToolRequest.from_openai([WEATHER], tokenizer=tokenizer).syntax
     for spec in (None, NGRAM):
         llms[spec is None] = llm = LLM(str(special_models[name]), dtype="float32", max_model_len=1024,
                                        kv_cache_gb=0.05, speculative_config=spec)
-        outs[spec is None] = llm.chat(conversations, params, tools=[WEATHER, SEARCH], tool_choice="required",
-                                      parallel_tool_calls=False, use_tqdm=False)
-        # "auto", with the special token made likely: free text ends there, and the call that follows is valid
+        outs[spec is None] = llm.chat(conversations, SamplingParams(temperature=0, max_tokens=120),
+                                      tools=[WEATHER, SEARCH], tool_choice="required", parallel_tool_calls=False,
+                                      use_tqdm=False)
         autos[spec is None] = llm.chat(conversations, SamplingParams(temperature=0, max_tokens=60, logit_bias={
-            trigger: 30}), tools=[WEATHER, SEARCH], parallel_tool_calls=False, use_tqdm=False)
-    for out, plain in zip(autos[False], autos[True]):
-        completion = out.outputs[0]
-        assert completion.token_ids == plain.outputs[0].token_ids and completion.token_ids[0] == trigger
-        call, = completion.tool_calls
-        jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+            syntax.trigger_token: 30}), tools=[WEATHER, SEARCH], parallel_tool_calls=False, use_tqdm=False)
     drafted_special = 0
-    for out, plain in zip(outs[False], outs[True]):
+    for out, plain in zip(outs[False] + autos[False], outs[True] + autos[True]):
         completion = out.outputs[0]
         assert completion.token_ids == plain.outputs[0].token_ids and completion.text == plain.outputs[0].text
-        assert completion.token_ids[0] == trigger and completion.text.startswith(request.syntax.opening)
-        assert completion.tool_calls and completion.finish_reason == "stop"
-        for call in completion.tool_calls:
-            jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
-        drafted_special += sum(d for t, d in zip(completion.token_ids, completion.from_draft)
-                               if t in request.syntax.special_ids)
-        message, reason = chat_message(completion, request)
-        assert reason == "tool_calls" and message["content"] is None
-        assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [
-            (c.name, c.arguments) for c in completion.tool_calls]
+        assert completion.token_ids[0] == syntax.trigger_token and completion.text.startswith(syntax.opening)
+        call, = completion.tool_calls
+        jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+        drafted_special += sum(d for t, d in zip(completion.token_ids, completion.from_draft) if t in syntax.special_ids)
     assert llms[False].stats()["num_forced_accepted"] > 0
     if name == "hermes":
-        assert drafted_special > 0  # the special tokens themselves came as accepted forced drafts
+        assert drafted_special > 0  # the special </tool_call> itself came as an accepted forced draft
 
-    prompt = render_chat(tokenizer, conversations[0], request)
-    deltas, content, calls = ReplyDeltas(request), "", {}
-    for out in llms[False].stream(tokenizer.encode(prompt, add_special_tokens=False), constrain(params, request)):
-        delta = deltas.update(out.outputs[0].text, out.finished)
-        content += delta.get("content", "")
-        for call in delta.get("tool_calls", []):
-            entry = calls.setdefault(call["index"], {"name": call["function"].get("name"), "arguments": ""})
-            entry["arguments"] += call["function"]["arguments"]
-    assert content == "" and deltas.finish_reason("stop") == "tool_calls"
-    assert [(c["name"], c["arguments"]) for c in calls.values()] == [
-        (c.name, c.arguments) for c in outs[True][0].outputs[0].tool_calls]
+
+def test_the_server_answers_with_tool_calls_whole_and_streamed(special_models):
+    """``eyas serve`` on the Mistral-style tokenizer: "required" and "auto" replies carry ``message.tool_calls`` and
+    ``finish_reason: "tool_calls"``, never ``[TOOL_CALLS]`` in the content; the streamed deltas join into the
+    whole call."""
+    client_module = pytest.importorskip("openai")
+    with Server(special_models["mistral"], "--max-model-len", "1024", "--served-model-name", "tiny") as server:
+        client = client_module.OpenAI(base_url=server.base + "/v1", api_key="none", max_retries=0)
+        ask = dict(model="tiny", messages=[{"role": "user", "content": "Weather in Oslo?"}], tools=[WEATHER, SEARCH],
+                   temperature=0, max_tokens=80, parallel_tool_calls=False)
+        for extra in ({"tool_choice": "required"}, {"tool_choice": "auto", "logit_bias": {"259": 30}}):
+            reply = client.chat.completions.create(**ask, **extra).choices[0]
+            assert reply.finish_reason == "tool_calls" and reply.message.content is None
+            (call,) = reply.message.tool_calls
+            jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+            pieces, content, reason = {}, "", None
+            for chunk in client.chat.completions.create(**ask, **extra, stream=True):
+                content += chunk.choices[0].delta.content or ""
+                for delta in chunk.choices[0].delta.tool_calls or []:
+                    entry = pieces.setdefault(delta.index, {"name": delta.function.name, "arguments": ""})
+                    entry["arguments"] += delta.function.arguments or ""
+                reason = chunk.choices[0].finish_reason or reason
+            assert reason == "tool_calls" and content == ""
+            assert list(pieces.values()) == [{"name": call.function.name, "arguments": call.function.arguments}]
