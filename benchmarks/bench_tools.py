@@ -103,7 +103,7 @@ def requests(tok, tasks, choice: str, parallel: bool) -> list[tuple[list[int], T
     """Each task's prompt token ids and tool request, as ``LLM.chat`` renders and constrains them."""
     out = []
     for prompt, tools in tasks:
-        request = ToolRequest.from_openai(tools, choice, parallel, tok.chat_template)
+        request = ToolRequest.from_openai(tools, choice, parallel, tok)
         text = render_chat(tok, [{"role": "user", "content": prompt}], request)
         out.append((tok.encode(text, add_special_tokens=False), request))
     return out
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
                 batch, ids = record["batch_size"], record["token_ids"]
                 tasks = TASKS[:len(ids)]
                 syntaxes = [r.syntax for _, r in requests(tok, tasks, choice, args.parallel)]
-                replies = [(parse_reply(tok.decode(t), s).calls, f) for t, s, f in
+                replies = [(parse_reply(tok.decode(t, keep=s.special_ids), s).calls, f) for t, s, f in
                            zip(ids, syntaxes, record["finish_reasons"])]
                 ours = rates.get((choice, batch, method))
                 spec = record.get("spec", {})

@@ -162,7 +162,7 @@ class LLM:
         final assistant message (give ``add_generation_prompt=False``).
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        request = ToolRequest.from_openai(tools, tool_choice, parallel_tool_calls, self.tokenizer.chat_template)
+        request = ToolRequest.from_openai(tools, tool_choice, parallel_tool_calls, self.tokenizer)
         texts = [render_chat(self.tokenizer, c, request, add_generation_prompt, continue_final_message)
                  for c in conversations]
         # the template already carries any BOS token, so encode without special tokens (as HF does)

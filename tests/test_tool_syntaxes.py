@@ -113,14 +113,14 @@ def test_each_template_gets_its_own_syntax_and_others_the_generic_one():
 
 def test_history_is_rendered_by_the_template_in_its_own_syntax():
     tools = [WEATHER]
-    llama = render_chat(_tokenizer(LLAMA), HISTORY, ToolRequest.from_openai(tools, chat_template=LLAMA))
+    llama = render_chat(_tokenizer(LLAMA), HISTORY, ToolRequest.from_openai(tools, tokenizer=_tokenizer(LLAMA)))
     assert '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius"}}<|eot_id|>' in llama
     assert '<|start_header_id|>ipython<|end_header_id|>\n\n{"output": "{\\"temp\\": 21}"}' in llama
     assert '"name": "get_weather", "description": "Weather now"' in llama  # the tools, by the template
     assert llama.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
 
     mistral = render_chat(_tokenizer(MISTRAL_TEMPLATE), HISTORY,
-                          ToolRequest.from_openai(tools, chat_template=MISTRAL_TEMPLATE), add_generation_prompt=False)
+                          ToolRequest.from_openai(tools, tokenizer=_tokenizer(MISTRAL_TEMPLATE)), add_generation_prompt=False)
     call_id = MISTRAL.native_id("c1")
     assert len(call_id) == 9 and call_id.isalnum()
     assert ('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}, '
@@ -141,8 +141,8 @@ def test_the_grammar_speaks_the_models_own_syntax(compiler, name):
 
     one = syntax.calls_text([("get_weather", ARGS)])
     two = syntax.calls_text([("get_weather", ARGS), ("search", {"query": "umbrella"})])
-    required = ToolRequest.from_openai([WEATHER, SEARCH], "required", chat_template=template)
-    auto = ToolRequest.from_openai([WEATHER, SEARCH], "auto", False, chat_template=template)
+    required = ToolRequest.from_openai([WEATHER, SEARCH], "required", tokenizer=_tokenizer(template))
+    auto = ToolRequest.from_openai([WEATHER, SEARCH], "auto", False, tokenizer=_tokenizer(template))
     assert required.syntax is syntax
     assert accepts(required, one) and accepts(required, two)
     assert not accepts(required, "Sure. " + one)  # calls from the first token
@@ -166,7 +166,7 @@ def test_calls_parse_back_whole_and_streamed(name):
     assert whole.content == "Checking. " and [c.name for c in whole.calls] == ["get_weather", "search"]
     assert [json.loads(c.arguments) for c in whole.calls] == [ARGS, tricky]
     assert parse_reply(text[:-5], syntax).calls == whole.calls[:1]  # cut by max_tokens: the whole calls only
-    request = ToolRequest.from_openai([WEATHER, SEARCH], chat_template=template)
+    request = ToolRequest.from_openai([WEATHER, SEARCH], tokenizer=_tokenizer(template))
     for step in (1, 4):
         deltas, content, calls = ReplyDeltas(request), "", {}
         for end in [*range(0, len(text), step), len(text)]:

@@ -35,7 +35,8 @@ class OutputProcessor:
         self.states: dict[str, _TextState] = {}
 
     def add(self, request: Request, prompt: str | None, stream: bool = True) -> None:
-        detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=request.params.skip_special_tokens)
+        detok = IncrementalDetokenizer(self.tokenizer, request.params.skip_special_tokens,
+                                       request.params.keep_special_token_ids)
         self.states[request.request_id] = _TextState(
             prompt, detok, stream=stream, logprobs=[] if request.params.logprobs is not None else None,
             prompt_logprobs=[None] if request.params.prompt_logprobs is not None else None)

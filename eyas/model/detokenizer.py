@@ -26,15 +26,16 @@ class IncrementalDetokenizer:
     so "".join(deltas) + flush() == tokenizer.decode(all_ids).
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True):
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True, keep: tuple[int, ...] = ()):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        self.keep = keep  # special tokens whose text stays (``Tokenizer.decode``)
         self.ids: list[int] = []
         self.prefix = 0  # ids[prefix:read] were decoded in the previous emitting step
         self.read = 0  # ids[:read] are fully emitted as text
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        return self.tokenizer.decode(ids, self.skip_special_tokens, self.keep)
 
     def add(self, new_ids: int | Iterable[int]) -> str:
         """Append ``new_ids``; return the text they complete (possibly "")."""

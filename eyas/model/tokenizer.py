@@ -93,7 +93,9 @@ class Tokenizer:
         self.add_bos_token = add_bos_token and self.bos_token_id is not None
         self.chat_template = chat_template
         self.source = source
-        self._added_ids = frozenset(backend.get_added_tokens_decoder())  # special and added tokens: text as is
+        added = backend.get_added_tokens_decoder()
+        self._added_ids = frozenset(added)  # special and added tokens: text as is
+        self.special_ids = frozenset(i for i, token in added.items() if token.special)  # skip_special_tokens drops
 
     @classmethod
     def from_folder(cls, path: str | os.PathLike) -> Tokenizer:
@@ -150,7 +152,11 @@ class Tokenizer:
             return bytes([int(piece[3:5], 16)])
         return piece.replace("\u2581", " ").encode()
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True, keep: tuple[int, ...] = ()) -> str:
+        """``keep``: special tokens whose text stays where ``skip_special_tokens`` drops the others (a tool-call
+        syntax's markers, such as Mistral's ``[TOOL_CALLS]``, which the call parser reads)."""
+        if skip_special_tokens and keep:  # the backend drops special tokens by the same test
+            ids, skip_special_tokens = [t for t in ids if t in keep or t not in self.special_ids], False
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:

@@ -25,6 +25,7 @@ class SamplingParams:
     logprobs: int | None = None  # top-n logprobs per token, plus the sampled one (0: it only)
     prompt_logprobs: int | None = None  # the same for every prompt token after the first (skips the prefix cache)
     skip_special_tokens: bool = True
+    keep_special_token_ids: tuple[int, ...] = ()  # special tokens whose text stays all the same (a tool-call syntax's)
     detokenize: bool = True  # False: outputs carry token ids only (text ""), no per-step decoding
     speculate: bool = True  # False: this request opts out of speculative decoding
     presence_penalty: float = 0.0  # subtracted from the logits of tokens already in the output
@@ -84,6 +85,8 @@ class SamplingParams:
                                          "use stop_token_ids")
         if self.stop_token_ids is not None and any(t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", self.stop_token_ids, "a list of token ids >= 0")
+        if any(t < 0 for t in self.keep_special_token_ids):
+            raise bad("keep_special_token_ids", self.keep_special_token_ids, "a tuple of token ids >= 0")
         if self.structured_output is not None:
             check_structured_output(self.structured_output)
 

@@ -69,7 +69,7 @@ def router(service: Service) -> APIRouter:
             raise ApiError(400, "top_logprobs: needs logprobs: true", "top_logprobs")
         try:
             tools = ToolRequest.from_openai(body.tools, body.tool_choice, body.parallel_tool_calls,
-                                             tokenizer.chat_template)
+                                             tokenizer)
             text = render_chat(tokenizer, body.conversation(), tools, body.add_generation_prompt,
                                body.continue_final_message)
         except ValueError as error:

@@ -95,7 +95,7 @@ def router(service: Service) -> APIRouter:
             raise ApiError(400, "n: the Responses API makes one response", "n")
         try:
             tools = ToolRequest.from_openai(body.tools, body.tool_choice, body.parallel_tool_calls,
-                                             tokenizer.chat_template)
+                                             tokenizer)
             text = render_chat(tokenizer, body.messages(), tools)
         except ValueError as error:
             raise ApiError(400, str(error), param_of(str(error)) or "input") from None

@@ -53,7 +53,7 @@ def router(service: Service) -> APIRouter:
             chat = ChatCompletionRequest(messages=body.messages)
             try:
                 tools = ToolRequest.from_openai(body.tools, "none" if body.tools is not None else None,
-                                                 chat_template=tokenizer.chat_template)
+                                                 tokenizer=tokenizer)
                 text = render_chat(tokenizer, chat.conversation(), tools, body.add_generation_prompt,
                                    body.continue_final_message)
             except ValueError as error:

@@ -3,7 +3,9 @@ request's call syntax (``eyas.tools.syntax``).
 
 * ``"required"`` or a named function: the reply is calls only, from its first token;
 * ``"auto"``: a *lazy* grammar: free text, unconstrained, until the text holds the syntax's trigger
-  (a lazy lexeme ends at the first match of its trigger); from there the rest is calls;
+  (a lazy lexeme ends at the first match of its trigger); from there the rest is calls. A trigger the
+  tokenizer holds as one special token ends the free text by itself (text never holds a special token), and the
+  free text may not spell it in plain pieces, so that the trigger the parser finds is always the token;
 * ``"none"``: no grammar.
 
 Each call is ``{"name": "<one of the callable tools>", "<arguments key>": <that tool's schema>}`` with JSON's
@@ -12,6 +14,11 @@ closing; ``parallel_tool_calls`` lets more calls follow. Everything but the argu
 the name is chosen: the wrapper, the keys, the punctuation, a single-choice enum. The engine drafts those
 tokens for free under every drafter (``eyas.spec_decode.grammar_drafts``). Objects that list their
 ``properties`` take no other keys (``closed``).
+
+A piece of those texts that the tokenizer holds as one special token (``CallSyntax.bind``) is named by its id
+(llguidance's ``<[id]>``), so the model writes the one token it was trained on, never its text in plain pieces:
+Mistral's "required" grammar on a v3 tokenizer (``[TOOL_CALLS]`` is token 5) starts
+``start: <[5]> " [{\\"name\\": \\"" calls``.
 
 Example (auto, Hermes's syntax, one tool ``f`` with an integer ``x``, not parallel)::
 
@@ -34,7 +41,7 @@ import json
 from eyas.sampling.grammar import JSON_FORMAT
 from eyas.sampling.params import SamplingParams
 from eyas.tools.spec import ToolRequest
-from eyas.tools.syntax import HEAD
+from eyas.tools.syntax import HEAD, CallSyntax
 
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
 LITERALS = ("enum", "const", "default", "examples", "required")  # values, not schemas
@@ -47,25 +54,30 @@ def tool_grammar(request: ToolRequest) -> str | None:
         return None
     lines = ["%llguidance {}"]
     rest = (syntax.opening + HEAD)[len(syntax.trigger):]  # what follows the trigger up to the first name
-    if request.choice == "auto":
-        lines += [f"start: free | lead {_literal(rest)} calls", "free: TEXT", r"TEXT: /(.|\n)*/",
+    if request.choice == "auto" and syntax.trigger_token is None:  # free text ends at the trigger's first match
+        lines += [f"start: free | lead {_text(syntax, rest)} calls", "free: TEXT", r"TEXT: /(.|\n)*/",
                   f"lead[lazy]: TEXT {json.dumps(syntax.trigger)}"]
+    elif request.choice == "auto":  # free text ends at the special token, and never spells it (the parser's trigger)
+        lines += [f"start: free | free {_text(syntax, syntax.opening + HEAD)} calls", "free: TEXT",
+                  "ANY: /(?s:.*)/", rf"TEXT: /(.|\n)*/ & ~(ANY {json.dumps(syntax.trigger)} ANY)"]
     else:
-        lines += [f"start: {json.dumps(syntax.opening + HEAD)} calls"]
-    more = f" ({json.dumps(syntax.separator + HEAD)} call)*" if request.parallel else ""
-    lines += [f"calls: call{more} {_literal(syntax.closing)}".rstrip(),
+        lines += [f"start: {_text(syntax, syntax.opening + HEAD)} calls"]
+    more = f" ({_text(syntax, syntax.separator + HEAD)} call)*" if request.parallel else ""
+    lines += [f"calls: call{more} {_text(syntax, syntax.closing)}".rstrip(),
               f"call: {' | '.join(f'call_{i}' for i in range(len(tools)))}"]
     for i, tool in enumerate(tools):
         head = json.dumps(f'{tool.name}", {json.dumps(syntax.arguments_key)}: ')
         schema = {**closed(tool.parameters), "x-guidance": JSON_FORMAT}
-        lines += [f'call_{i}: {head} args_{i} {json.dumps("}" + syntax.suffix)}',
+        lines += [f'call_{i}: {head} args_{i} {_text(syntax, "}" + syntax.suffix)}',
                   f"args_{i}: %json {json.dumps(schema)}"]
     return "\n".join(lines) + "\n"
 
 
-def _literal(text: str) -> str:
-    """A Lark literal, or nothing for the empty text."""
-    return json.dumps(text) if text else ""
+def _text(syntax: CallSyntax, text: str) -> str:
+    """A fixed text in Lark: literals, with llguidance's ``<[id]>`` for each piece the tokenizer holds as one special
+    token (``CallSyntax.bind``); nothing for the empty text. Example: ``"[TOOL_CALLS] ["`` with ``[TOOL_CALLS]``
+    the special token 5 is ``<[5]> " ["``."""
+    return " ".join(f"<[{p}]>" if isinstance(p, int) else json.dumps(p) for p in syntax.pieces(text))
 
 
 def closed(schema):
@@ -93,11 +105,13 @@ def closed(schema):
 
 
 def constrain(params: SamplingParams, request: ToolRequest | None) -> SamplingParams:
-    """``params`` with the tool grammar as its structured output (unchanged when no tool may be called)."""
+    """``params`` with the tool grammar as its structured output, and the syntax's special tokens kept in the
+    reply's text for the parser (unchanged when no tool may be called)."""
     grammar = tool_grammar(request) if request is not None else None
     if grammar is None:
         return params
     if params.structured_output is not None:
         raise ValueError(f"tools: tool_choice {request.choice!r} constrains the reply, so it cannot also follow a "
                          f"structured output format; drop one of them")
-    return dataclasses.replace(params, structured_output={"grammar": grammar})
+    return dataclasses.replace(params, structured_output={"grammar": grammar},
+                               keep_special_token_ids=request.syntax.special_ids)

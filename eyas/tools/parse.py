@@ -3,7 +3,9 @@
 The grammar (``eyas.tools.grammar``) writes every call as ``{"name": N, "<key>": A}`` with fixed separators,
 between the syntax's fixed texts (``eyas.tools.syntax``), so the arguments are the exact text of the JSON
 value after the key: nothing is re-serialised, and a stream's argument pieces join into the same string the
-whole reply holds. Text before the syntax's trigger is the reply's content.
+whole reply holds. Text before the syntax's trigger is the reply's content. A trigger the tokenizer holds as one
+special token (Mistral v3's ``[TOOL_CALLS]``) is in the text: the reply is decoded with the syntax's special tokens
+kept (``eyas.tools.grammar.constrain``).
 
 Example (Hermes): ``'Let me check.<tool_call>\\n{"name": "get_weather", "arguments": {"city": "Paris"}}\\n
 </tool_call>'`` parses to content ``"Let me check."`` and one call ``get_weather`` with arguments
@@ -39,7 +41,8 @@ class ParsedReply:
 
 def parse_reply(text: str, syntax: CallSyntax, final: bool = True) -> ParsedReply:
     """``final``: the reply is whole; a last call cut short (by max_tokens) is left out, and when the first
-    call does not parse the whole text is content."""
+    call does not parse the whole text is content (less the syntax's special tokens, which the text keeps only for
+    this parser: ``CallSyntax.bind``)."""
     start = text.find(syntax.trigger)
     if start < 0:
         return ParsedReply(text if final else text[:len(text) - _partial(text, syntax.trigger)])
@@ -53,7 +56,7 @@ def parse_reply(text: str, syntax: CallSyntax, final: bool = True) -> ParsedRepl
             break
         lead = syntax.separator + HEAD
     if final and not calls:
-        return ParsedReply(text)
+        return ParsedReply("".join(p for p in syntax.pieces(text) if isinstance(p, str)))
     return ParsedReply(content, calls)
 
 

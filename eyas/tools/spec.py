@@ -5,7 +5,7 @@ Completions' ``{"type": "function", "function": {"name", "description", "paramet
 Responses API's flat ``{"type": "function", "name", "description", "parameters"}``; ``tool_choice``
 ``"none"``, ``"auto"``, ``"required"``, or a named function in either shape. A bad value is a
 ValueError naming the field (``tools[1].function.name: ...``) and what is allowed. The request's call syntax
-is the one its chat template knows (``eyas.tools.syntaxes``).
+is the one its chat template knows (``eyas.tools.syntaxes``), as its tokenizer writes it (``CallSyntax.bind``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import llguidance
 
+from eyas.model.tokenizer import Tokenizer
 from eyas.tools.syntax import CallSyntax
 from eyas.tools.syntaxes import GENERIC, for_template
 
@@ -42,7 +43,7 @@ class ToolRequest:
     choice: str  # "none" | "auto" | "required" | "named"
     named: str | None = None  # the function tool_choice names (choice "named")
     parallel: bool = True  # more than one call per reply
-    syntax: CallSyntax = GENERIC  # how the model writes its calls
+    syntax: CallSyntax = GENERIC  # how the model writes its calls (bound to its tokenizer)
 
     @property
     def callable(self) -> tuple[Tool, ...]:
@@ -53,9 +54,9 @@ class ToolRequest:
 
     @classmethod
     def from_openai(cls, tools, tool_choice=None, parallel_tool_calls=None,
-                    chat_template: str | None = None) -> ToolRequest | None:
+                    tokenizer: Tokenizer | None = None) -> ToolRequest | None:
         """None when the request has no tools and no tool_choice (or tool_choice "none" without tools).
-        ``chat_template``: the model's, which decides the call syntax."""
+        ``tokenizer``: the model's; its chat template decides the call syntax (None: the generic one)."""
         if tools is None:
             if tool_choice not in (None, "none"):
                 raise ValueError(f"tool_choice: {tool_choice!r} needs tools; send tools or leave tool_choice out")
@@ -70,8 +71,8 @@ class ToolRequest:
         if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
             raise ValueError(f"parallel_tool_calls: {parallel_tool_calls!r} must be true or false")
         choice, named = _choice(tool_choice, names)
-        return cls(parsed, choice, named, True if parallel_tool_calls is None else parallel_tool_calls,
-                   for_template(chat_template)[0])
+        syntax = GENERIC if tokenizer is None else for_template(tokenizer.chat_template)[0].bind(tokenizer)
+        return cls(parsed, choice, named, True if parallel_tool_calls is None else parallel_tool_calls, syntax)
 
 
 def _tool(value, where: str) -> Tool:
