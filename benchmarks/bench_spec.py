@@ -94,7 +94,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3,
                    help="timed runs of each measurement, interleaved; the fastest counts")
     p.add_argument("--skip-hf", action="store_true", help="time eyas only")
+    p.add_argument("--sets", default="chat,copy,code", help="workloads, comma-separated, of chat, copy, code")
     args = p.parse_args(argv)
+    args.sets = args.sets.split(",")
+    if not args.sets or set(args.sets) - {"chat", "copy", "code"}:
+        p.error(f"--sets {','.join(args.sets)}: give some of chat, copy, code")
     for name in ("threads", "max_tokens", "k", "num_prompts", "batch1_prompts", "code_tasks", "code_seeds",
                  "code_batch1_tasks", "repeats"):
         if getattr(args, name) < 1:
@@ -201,8 +205,12 @@ def workloads(llm: LLM, args) -> list[Workload]:
     greedy = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     out = []
     for name, make in (("chat", chat_prompts), ("copy", copy_prompts)):
+        if name not in args.sets:
+            continue
         prompts = render(llm, make(args.num_prompts))
         out.append(Workload(name, prompts, [greedy] * len(prompts), list(range(args.batch1_prompts)), spread=False))
+    if "code" not in args.sets:
+        return out
     tasks = json.loads(CODE_TASKS.read_text())[:args.code_tasks]
     stubs = render(llm, [[{"role": "user", "content": CODE_INSTRUCTION.format(t["prompt"])}] for t in tasks])
     rounds = [(t, seed) for seed in range(args.code_seeds) for t in range(len(tasks))]
