@@ -121,3 +121,22 @@ def test_fused_layers_equal_the_modules_on_the_real_default_model(monkeypatch):
     assert runs > 0
     assert tokens_f == tokens_m
     _assert_same_states(states_f, states_m)
+
+
+@pytest.mark.skipif(not Q.kernel_available("low"), reason="no integer dot-product kernel on this CPU")
+def test_a_precision_set_after_a_forward_gets_a_new_plan(tmp_path):
+    """The C loop's plan holds each product's kernel calls; a precision set after the plan was made (which also
+    interleaves the weights in place) must not run the old calls on the moved bytes."""
+    from eyas.model.loader import set_matmul_precision
+
+    path = write_quantized_gguf(tmp_path / "q.gguf")
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+    def llm(precision):
+        return LLM(str(path), quantization="gguf", matmul_precision=precision, max_model_len=256, kv_cache_gb=0.05)
+
+    want = [o.outputs[0].token_ids for o in llm("low").generate(PROMPTS, params, use_tqdm=False)]
+    switched = llm("highest")
+    switched.generate(PROMPTS[:1], params, use_tqdm=False)  # the plan is made at "highest"
+    set_matmul_precision(switched.engine.runner.model, "low")
+    assert [o.outputs[0].token_ids for o in switched.generate(PROMPTS, params, use_tqdm=False)] == want

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from eyas.config import ModelConfig
+from eyas.model import quantized
 from eyas.model.forward_context import get_forward_context
 from eyas.model.fused_decoder import FusedDecoder
 from eyas.model.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary
@@ -82,7 +83,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
-        self._fused: tuple[tuple[int, ...] | None, FusedDecoder | None] = (None, None)  # (KV cache addresses, plan)
+        # (precision changes and KV cache addresses, the plan made for them)
+        self._fused: tuple[tuple[int, ...] | None, FusedDecoder | None] = (None, None)
 
     def set_aux_layer_ids(self, aux_layer_ids: tuple[int, ...]) -> None:
         """Which residual streams ``forward`` hands back as aux hidden states (vLLM convention)."""
@@ -127,7 +129,9 @@ class LlamaForCausalLM(nn.Module):
         """``run(h, cos, sin, start, stop)`` -> h after layers [start, stop): one C call where the layers'
         kernels allow it (``fused_decoder.py``; the plan is made once per set of KV caches), else module by module."""
         if h.is_cpu:
-            caches = tuple(0 if a.kv_cache is None else a.kv_cache.data_ptr() for a in self.attention_layers())
+            # the plan holds the KV caches' addresses and the products' kernel calls (their precision)
+            caches = (quantized.PRECISION_CHANGES,
+                      *(0 if a.kv_cache is None else a.kv_cache.data_ptr() for a in self.attention_layers()))
             if self._fused[0] != caches:
                 plain = all(type(layer) is DecoderLayer for layer in self.layers)  # what the C loop mirrors
                 self._fused = caches, FusedDecoder.build(self.layers) if plain else None

@@ -233,6 +233,8 @@ def dequantize(weight: QuantWeight) -> torch.Tensor:
     return dequantize_rows(weight, torch.arange(weight.out_features))
 
 
+PRECISION_CHANGES = 0  # calls of QuantLinear.set_matmul_precision so far, in this process
+
 class QuantLinear(nn.Module):
     """``Linear`` over one or more ``QuantWeight`` parts stacked along the output (a fused q/k/v whose
     parts differ in format takes one kernel call per part, into its columns of the output)."""
@@ -264,6 +266,8 @@ class QuantLinear(nn.Module):
         The kernel call of each part is resolved here once: a decode step makes over a hundred of them. Public
         for eyas.model.fused_decoder, which makes the same calls from C: (entry point, weight address, type id,
         row-scale address or None, first output column, output rows) per part."""
+        global PRECISION_CHANGES
+        PRECISION_CHANGES += 1  # plans made from ``calls`` (eyas.model.fused_decoder) are stale now
         gemm = _entries(precision)[0]
         float_gemm = _entries()[0] if precision == "low" else gemm  # F16 / BF16: no integers to multiply
         self.calls, column = [], 0
