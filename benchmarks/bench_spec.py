@@ -316,8 +316,10 @@ def main(argv: list[str] | None = None) -> int:
         hf = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
 
     s = suffix.engine.config.speculative
+    row_cost = ngram.engine.scheduler.drafts.row_cost
     print(f"model {model_path}; eos {eos}; up to {args.max_tokens} new tokens (EOS stops earlier); prefix caching off; "
-          f"draft_row_cost {ngram.engine.scheduler.draft_row_cost}; shared-noise verification")
+          f"row cost (in one-row forwards) at 5 / 16 rows {row_cost(5):.2f} / {row_cost(16):.2f}; "
+          f"shared-noise verification")
     print(f"ngram: k={args.k}, n-grams {args.lookup_min}-{args.lookup_max}. suffix: k={s.num_speculative_tokens}, "
           f"tree depth {s.suffix_decoding_max_tree_depth}, factor {s.suffix_decoding_max_spec_factor}, min token prob "
           f"{s.suffix_decoding_min_token_prob}, {s.suffix_decoding_max_cached_requests} cached requests")
