@@ -320,9 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {model_path}; eos {eos}; up to {args.max_tokens} new tokens (EOS stops earlier); prefix caching off; "
           f"row cost (in one-row forwards) at 5 / 16 rows {row_cost(5):.2f} / {row_cost(16):.2f}; "
           f"shared-noise verification")
+    o = s.options
     print(f"ngram: k={args.k}, n-grams {args.lookup_min}-{args.lookup_max}. suffix: k={s.num_speculative_tokens}, "
-          f"tree depth {s.suffix_decoding_max_tree_depth}, factor {s.suffix_decoding_max_spec_factor}, min token prob "
-          f"{s.suffix_decoding_min_token_prob}, {s.suffix_decoding_max_cached_requests} cached requests")
+          f"tree depth {o.suffix_decoding_max_tree_depth}, factor {o.suffix_decoding_max_spec_factor}, min token prob "
+          f"{o.suffix_decoding_min_token_prob}, {o.suffix_decoding_max_cached_requests} cached requests")
     for w in sets:
         sampling = "greedy" if w.params[0].greedy else "temperature 0.2, top_p 0.95, seeds per round"
         print(f"  {w.name}: {len(w.prompts)} requests of {min(map(len, w.prompts))}-{max(map(len, w.prompts))} "
