@@ -58,6 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--code-seeds", type=int, default=4)
     p.add_argument("--code-batch1-tasks", type=int, default=5, help="every round of this many code tasks")
     args = p.parse_args(argv)
+    args.sets = ["chat", "copy", "code"]  # bench_spec.workloads: all three
     args.num_prompts = args.batch1_prompts
     args.code_batch1_tasks = min(args.code_batch1_tasks, args.code_tasks)
     return args

@@ -39,9 +39,10 @@ NO_DRAFTS = Drafts([], [], None)
 
 
 class DraftPlanner:
-    def __init__(self, max_drafts: int, adaptive: bool, row_cost: RowCost = FREE_ROWS,
+    def __init__(self, max_drafts: int, lookahead: int, adaptive: bool, row_cost: RowCost = FREE_ROWS,
                  step_cost: DraftCost = NO_DRAFT_COST):
-        self.max_drafts = max_drafts  # every request's lookahead slots
+        self.max_drafts = max_drafts  # the most drafts the proposer makes for a request (an adaptive budget's k)
+        self.lookahead = lookahead  # the lookahead slots of a request with a grammar, which may force more drafts
         self.adaptive = adaptive
         self.row_cost = row_cost  # a forward's cost by its rows, in one-row forwards
         self.step_cost = step_cost  # the drafter's work in a step that verifies drafts, likewise

@@ -37,8 +37,8 @@ class Scheduler:
         self.kv = kv
         self.speculative = speculative
         # every request's pending drafts and draft budget; None without speculation
-        self.drafts = DraftPlanner(speculative.max_drafts, speculative.adaptive_draft_length, draft_row_cost,
-                                   draft_step_cost) if speculative else None
+        self.drafts = DraftPlanner(speculative.max_drafts, speculative.lookahead, speculative.adaptive_draft_length,
+                                   draft_row_cost, draft_step_cost) if speculative else None
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -47,9 +47,14 @@ class Scheduler:
         # keep their contents until the next forward, so the engine can hand them to the runner
         self.finished_tables: dict[str, list[list[int]]] = {}
 
-    def _lookahead(self, will_sample: bool) -> int:
-        """Cache slots a request keeps past its tokens for the drafts it may verify next step."""
-        return self.drafts.max_drafts if self.drafts is not None and will_sample else 0
+    def _with_lookahead(self, request: Request, tokens: int, will_sample: bool) -> int:
+        """``tokens`` cache slots and those a request keeps past them for the drafts it may verify next step: the
+        proposer's most, more with a grammar that may force them (``DraftPlanner.lookahead``); none past
+        max_model_len, where no draft goes."""
+        if self.drafts is None or not will_sample:
+            return tokens
+        lookahead = self.drafts.lookahead if request.grammar is not None else self.drafts.max_drafts
+        return max(tokens, min(tokens + lookahead, request.max_total_tokens))
 
     def add(self, request: Request) -> None:
         self.requests[request.request_id] = request
@@ -72,7 +77,8 @@ class Scheduler:
                 continue
             will_sample = num_new == request.num_tokens - request.num_computed_tokens
             request_drafts = drafts.get(request.request_id, NO_DRAFTS)
-            total = request.num_computed_tokens + num_new + len(request_drafts.tokens) + self._lookahead(will_sample)
+            total = self._with_lookahead(request, request.num_computed_tokens + num_new + len(request_drafts.tokens),
+                                         will_sample)
             while not self.kv.allocate(request.request_id, total):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -96,8 +102,11 @@ class Scheduler:
                     request.num_cached_tokens = cached
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             will_sample = request.num_computed_tokens + num_new == request.num_tokens
-            lookahead = self._lookahead(will_sample)
-            if not self.kv.allocate(request.request_id, request.num_computed_tokens + num_new + lookahead):
+            if not self.kv.allocate(request.request_id,
+                                    self._with_lookahead(request, request.num_computed_tokens + num_new, will_sample)):
+                # a waiting request holds no blocks: give back the cached prefix it took, or it starves the others
+                self.kv.free(request.request_id)
+                request.num_computed_tokens = 0
                 break
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING

@@ -223,7 +223,8 @@ class ModelRunner:
         if all(grammar is None for grammar in inp.grammars):
             return out
         start = time.perf_counter()
-        out = grammar_drafts(inp, out)  # for every method alike: forbidden drafts cut, forced tokens drafted
+        # for every method alike: forbidden drafts cut, forced tokens drafted (up to the lookahead, past k)
+        out = grammar_drafts(inp, out, self.config.speculative.lookahead)
         self._grammar_seconds += time.perf_counter() - start
         return out
 

@@ -209,7 +209,7 @@ class DraftCost:
         p = self.products
         passes = (p((depth - 1) * requests) - p(depth - 1) if self.parallel
                   else (depth - 1) * (p(requests) - p(1)))
-        return self.base + p(2 * requests) - p(2) + passes
+        return self.base + (p(2 * requests) - p(2)) + passes  # exactly base at one request
 
 
 NO_DRAFT_COST = DraftCost()  # a proposer whose drafting is cheap, or that drafts whatever it is told

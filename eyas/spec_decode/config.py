@@ -14,6 +14,7 @@ from eyas.spec_decode.options import MethodOptions
 from eyas.spec_decode.registry import PROPOSERS, WRAPPERS, proposer_class, wrapper_class
 
 VERIFICATION_MODES = ("rejection", "shared_noise")
+FORCED_LOOKAHEAD = 8  # drafts a grammar may force in a step, past a drafter's k (SpeculativeConfig.lookahead)
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,18 @@ class SpeculativeConfig:
 
     @cached_property
     def max_drafts(self) -> int:
-        """The most drafts a request may verify in a step (every request's lookahead slots): k, or more where a
-        wrapper drafts longer (suffix decoding in front of a drafter: its longest draft, 12 by default)."""
+        """The most drafts a proposer makes for a request in a step: k, or more where a wrapper drafts longer
+        (suffix decoding in front of a drafter: its longest draft, 12 by default)."""
         return max([self.num_speculative_tokens, *(options.max_drafts(self.num_speculative_tokens)
                                                    for _, options in self.wrappers)])
+
+    @cached_property
+    def lookahead(self) -> int:
+        """The most drafts a request may verify in a step (its lookahead slots): ``max_drafts``, or up to
+        ``FORCED_LOOKAHEAD`` where its grammar forces the tokens (``eyas.spec_decode.grammar_drafts``): a forced draft
+        costs no drafter pass and is always accepted, so the shipped EAGLE-3 drafter (k = 3) verifies a tool call's
+        ``", "arguments": {"`` in one step, as n-gram at k = 8 does."""
+        return max(self.max_drafts, FORCED_LOOKAHEAD)
 
     def row_cost(self, device_type: str, measured: Callable[[], RowCost]) -> RowCost:
         """``draft_row_cost``'s line, else on a CPU the curve measured for the target (``measured()``, called only

@@ -7,7 +7,8 @@ under the grammar (``GrammarState.plan_drafts``), after this step's emitted toke
 * a draft the grammar forbids ends the chain before it costs a verification row;
 * where the grammar admits a single token, that token is the draft (it replaces a proposer draft
   that differs, and the proposer's later drafts, which followed the wrong token, are dropped);
-* past the proposer's drafts, single-token positions keep extending the chain up to k drafts.
+* past the proposer's drafts, single-token positions keep extending the chain, up to the lookahead
+  (``SpeculativeConfig.lookahead``: at least 8, whatever the proposer's k: a forced draft needs no drafter).
 
 A forced draft is the only token the target may emit at its position, so verification always
 accepts it; ``ProposerOutput.forced`` marks them and the acceptance metrics count them apart.
@@ -28,16 +29,20 @@ import torch
 from eyas.spec_decode.proposer import ProposerInput, ProposerOutput
 
 
-def grammar_drafts(inp: ProposerInput, out: ProposerOutput) -> ProposerOutput:
-    """``out`` with the drafts of rows that have a grammar walked under it (see the module docstring)."""
-    num_rows, k, device = len(inp.grammars), inp.num_speculative_tokens, out.draft_token_ids.device
+def grammar_drafts(inp: ProposerInput, out: ProposerOutput, lookahead: int) -> ProposerOutput:
+    """``out`` with the drafts of rows that have a grammar walked under it, up to ``lookahead`` a row (see the
+    module docstring)."""
+    num_rows, k, device = len(inp.grammars), lookahead, out.draft_token_ids.device
     emitted, num_emitted = inp.emitted.tolist(), inp.num_emitted.tolist()
     proposed, counts = out.draft_token_ids.tolist(), out.num_drafts.tolist()
     drafts = torch.zeros(num_rows, k, dtype=torch.int64)  # [R, k]
     width = min(k, out.draft_token_ids.shape[1])
     drafts[:, :width] = out.draft_token_ids[:, :width].cpu()
     forced = torch.zeros(num_rows, k, dtype=torch.bool)  # [R, k]
-    probs = out.draft_probs.clone() if out.draft_probs is not None else None  # [R, k, V]
+    probs = None  # [R, k, V]: the proposer's, then one-hot rows for forced drafts past them
+    if out.draft_probs is not None:
+        probs = out.draft_probs.new_zeros(num_rows, k, out.draft_probs.shape[-1])
+        probs[:, :width] = out.draft_probs[:, :width]
     for r, grammar in enumerate(inp.grammars):
         if grammar is None:
             continue
