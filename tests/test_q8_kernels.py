@@ -121,7 +121,9 @@ def test_every_instruction_set_build_gives_the_same_bits():
 def test_the_engine_takes_the_vnni_build_where_the_cpu_has_it():
     flags = kernels.cpu_flags()
     variant = kernels.dot_variant("q8_gemm")
-    if kernels.cpu_isa() == "avx512" and "avx512_vnni" in flags:
+    if kernels.cpu_isa() == "avx512" and {"avx512_vnni", "amx_tile", "amx_int8"} <= flags:
+        assert variant == "amx" and Q.dot_products().startswith("AVX512-VNNI vpdpbusd")
+    elif kernels.cpu_isa() == "avx512" and "avx512_vnni" in flags:
         assert variant == "vnni512" and Q.dot_products() == "AVX512-VNNI vpdpbusd"
     elif kernels.cpu_isa() == "avx2" and "avx_vnni" in flags:
         assert variant == "vnni256"
