@@ -131,6 +131,15 @@ def test_the_engine_takes_the_vnni_build_where_the_cpu_has_it():
         assert variant is None
 
 
+@pytest.mark.skipif(not kernels.variant_supported("amx"), reason="no AMX-INT8 on this CPU")
+def test_a_compiler_without_amx_keeps_the_vnni_build(monkeypatch):
+    """GCC before 11 has no -mamx-int8: the amx build fails and an AMX CPU takes vnni512, not no "low" at all."""
+    library = kernels._library
+    monkeypatch.setattr(kernels, "_library", lambda name, cc, isa, variant:
+                        None if variant == "amx" else library(name, cc, isa, variant))
+    assert kernels.dot_variant("q8_gemm") == "vnni512"
+
+
 def test_float_formats_stay_on_float_products_and_mixed_parts_fill_their_columns():
     """F16 / BF16 hold no integers: at "low" they keep the float32 products; a fused weight of a Q4_K and a BF16
     part computes each part its own way into its own columns."""

@@ -121,8 +121,12 @@ def variant_supported(variant: str) -> bool:
 
 
 def dot_variant(name: str) -> str | None:
-    """The integer dot-product variant of kernel ``name`` that runs here (``vnni512``, ``vnni256``), or None."""
-    return next((v for v, (kernel, *_) in VARIANTS.items() if kernel == name and variant_supported(v)), None)
+    """The integer dot-product variant of kernel ``name`` that runs here (``amx``, ``vnni512``, ``vnni256``), or
+    None: the first one in ``VARIANTS`` whose instructions the CPU has and the compiler knows (GCC before 11 has
+    no ``-mamx-int8``: an AMX CPU then runs ``vnni512``)."""
+    cc, _ = _compiler()
+    return next((v for v, (kernel, isa, *_) in VARIANTS.items() if kernel == name and variant_supported(v)
+                 and (cc is None or _library(name, cc, isa, v) is not None)), None)
 
 
 def _compiler() -> tuple[str | None, list[str]]:

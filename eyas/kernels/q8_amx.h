@@ -20,8 +20,8 @@
    - record p + 1's multiply is issued (tiles 0/2/4 or 1/3/5 in turn) before record p's terms are added;
    - the rows of x go in panels of PANEL, whose quantized values stay in L2 while every group passes over them;
    - the outputs are streamed (non-temporal stores, whole 64-byte lines): plain stores that missed the cache
-     held back the tile loads and stores behind them (the products of a prefill ran 1.0x vpdpbusd's speed with
-     them, 1.5x without).
+     held back the tile loads and stores behind them (the model's products at 256 rows ran 0.8-1.05x vpdpbusd's
+     speed with them, 1.5-1.8x without).
    Linux hands out tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM, once per process); where it
    refuses, the product stays on vpdpbusd. */
 #ifndef EYAS_Q8_AMX_H
