@@ -162,6 +162,7 @@ static inline __attribute__((always_inline)) void amx_group(const int type, cons
         }
     }
 }
+
 /* One thread's share of a product on AMX (every thread of the parallel region calls it): the rows of x in panels
    of PANEL, and in each panel the threads split the groups as group_rows's loop does. Sets *failed when out of
    memory. */
@@ -171,7 +172,8 @@ static inline __attribute__((always_inline)) void amx_thread(const int type, con
                                                            int *failed) {
     int64_t nsub = k_len / SUB, np = padded(nsub), rb = nsub * block_bytes(type);
     int64_t groups = (n_len + GROUP - 1) / GROUP;
-    uint8_t *stage = malloc((size_t)(nsub * 512 + GROUP * rb)), *wide = stage + nsub * 512; /* B tiles; last group */
+    uint8_t *stage = malloc((size_t)(nsub * 512 + GROUP * rb)); /* the B tiles, then the last group widened */
+    uint8_t *wide = stage ? stage + nsub * 512 : NULL;
     if (!stage) {
 #pragma omp atomic write
         *failed = 1;
