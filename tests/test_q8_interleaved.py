@@ -1,13 +1,15 @@
 """Q4_0, Q4_1 and Q8_0 interleaved 16 rows at a time for matmul precision "low" (``eyas/kernels/q8_interleaved.h``):
 the layout against one written here from its definition, undone exactly in place, and products that equal the
 products on the GGUF rows bit for bit, in every instruction-set build this CPU runs, at 1..24 rows of x, for row
-counts that leave a partial group of 16 and widths that leave a partial group of 8 blocks."""
+counts that leave a partial group of 16 and widths that leave a partial group of 8 blocks; on AMX, the tiled
+products (16 rows of x and more) equal vpdpbusd's bit for bit."""
 
 import numpy as np
 import pytest
 import torch
 from test_q8_kernels import _builds, _run, weight_of
 
+from eyas import kernels
 from eyas.model import quantized as Q
 
 pytestmark = pytest.mark.skipif(not Q.kernel_available("low"), reason="no C compiler: the q8 kernel cannot be built")
@@ -69,6 +71,29 @@ def test_interleaved_products_equal_the_row_products_bit_for_bit(fmt):
             for m in (*range(1, 10), 16, 17, 24):
                 xm = x[:m, :k].contiguous()
                 assert torch.equal(_run(kernel, xm, interleaved), _run(kernel, xm, rows)), (build, n, k, m)
+
+
+@pytest.mark.skipif(not kernels.variant_supported("amx"), reason="no AMX-INT8 on this CPU")
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_amx_tiles_give_the_bits_of_vpdpbusd(fmt):
+    """From 16 rows of x the AMX build takes the block integers from tdpbssd (16 rows of x a tile, in panels of
+    256 rows) and adds the same float terms in the same order: equal bits to the vpdpbusd build, just below the
+    threshold, at it, with a partial last tile of rows (17, 31, 69, 200), across a second panel (300), for
+    partial groups of 16 outputs and partial lanes (the SHAPES)."""
+    rows = Q.tiled_rows("avx512", "amx")
+    if rows == 0:
+        pytest.skip("the OS refuses the tile state (arch_prctl ARCH_REQ_XCOMP_PERM)")
+    assert rows == 16
+    amx, vnni = Q.q8_kernel("avx512", "amx"), Q.q8_kernel("avx512", "vnni512")
+    x = torch.randn(300, 1536, generator=torch.Generator().manual_seed(11)) * 2
+    x[3, :32] = 0  # an all-zero block of activations
+    x[270, 64:96] *= 1000  # a coarse block in the second panel
+    for n, k in SHAPES:
+        weight, _ = weight_of(fmt, n, k, seed=n)
+        weight.interleave(True)
+        for m in (rows - 1, rows, 17, 31, 32, 69, 200, 300):
+            xm = x[:m, :k].contiguous()
+            assert torch.equal(_run(amx, xm, weight), _run(vnni, xm, weight)), (n, k, m)
 
 
 def test_the_tied_embedding_reads_the_interleaved_head_and_highest_gets_the_rows_back():

@@ -121,12 +121,23 @@ def test_every_instruction_set_build_gives_the_same_bits():
 def test_the_engine_takes_the_vnni_build_where_the_cpu_has_it():
     flags = kernels.cpu_flags()
     variant = kernels.dot_variant("q8_gemm")
-    if kernels.cpu_isa() == "avx512" and "avx512_vnni" in flags:
+    if kernels.cpu_isa() == "avx512" and {"avx512_vnni", "amx_tile", "amx_int8"} <= flags:
+        assert variant == "amx" and Q.dot_products().startswith("AVX512-VNNI vpdpbusd")
+    elif kernels.cpu_isa() == "avx512" and "avx512_vnni" in flags:
         assert variant == "vnni512" and Q.dot_products() == "AVX512-VNNI vpdpbusd"
     elif kernels.cpu_isa() == "avx2" and "avx_vnni" in flags:
         assert variant == "vnni256"
     else:
         assert variant is None
+
+
+@pytest.mark.skipif(not kernels.variant_supported("amx"), reason="no AMX-INT8 on this CPU")
+def test_a_compiler_without_amx_keeps_the_vnni_build(monkeypatch):
+    """GCC before 11 has no -mamx-int8: the amx build fails and an AMX CPU takes vnni512, not no "low" at all."""
+    library = kernels._library
+    monkeypatch.setattr(kernels, "_library", lambda name, cc, isa, variant:
+                        None if variant == "amx" else library(name, cc, isa, variant))
+    assert kernels.dot_variant("q8_gemm") == "vnni512"
 
 
 def test_float_formats_stay_on_float_products_and_mixed_parts_fill_their_columns():

@@ -43,9 +43,12 @@ ISA_BUILDS = {
 }
 # variant -> (the kernel it builds, the instruction set it builds on, the /proc/cpuinfo flags it needs besides,
 # compiler flags). quant_gemm.c's is an arithmetic variant (another matmul precision); q8_gemm.c's are the same
-# arithmetic with the integer dot-product instructions (vpdpbusd), which the engine takes wherever they run.
+# arithmetic with the integer dot-product instructions (vpdpbusd; "amx": also tdpbssd tiles for 16 rows and
+# more), which the engine takes wherever they run, the first one listed that runs.
 VARIANTS = {
     "bf16_products": ("quant_gemm", "avx512", ("avx512_bf16",), ["-mavx512bf16", "-DEYAS_BF16_PRODUCTS"]),
+    "amx": ("q8_gemm", "avx512", ("avx512_vnni", "amx_tile", "amx_int8"),
+            ["-mavx512vnni", "-DEYAS_VNNI512", "-mamx-tile", "-mamx-int8", "-DEYAS_AMX"]),
     "vnni512": ("q8_gemm", "avx512", ("avx512_vnni",), ["-mavx512vnni", "-DEYAS_VNNI512"]),
     "vnni256": ("q8_gemm", "avx2", ("avx_vnni",), ["-mavxvnni", "-DEYAS_VNNI256"]),
 }
@@ -118,8 +121,12 @@ def variant_supported(variant: str) -> bool:
 
 
 def dot_variant(name: str) -> str | None:
-    """The integer dot-product variant of kernel ``name`` that runs here (``vnni512``, ``vnni256``), or None."""
-    return next((v for v, (kernel, *_) in VARIANTS.items() if kernel == name and variant_supported(v)), None)
+    """The integer dot-product variant of kernel ``name`` that runs here (``amx``, ``vnni512``, ``vnni256``), or
+    None: the first one in ``VARIANTS`` whose instructions the CPU has and the compiler knows (GCC before 11 has
+    no ``-mamx-int8``: an AMX CPU then runs ``vnni512``)."""
+    cc, _ = _compiler()
+    return next((v for v, (kernel, isa, *_) in VARIANTS.items() if kernel == name and variant_supported(v)
+                 and (cc is None or _library(name, cc, isa, v) is not None)), None)
 
 
 def _compiler() -> tuple[str | None, list[str]]:

@@ -30,9 +30,10 @@
 
    Q4_0, Q4_1 and Q8_0 weights are read interleaved 16 rows at a time instead (type R16 + the GGUF type: see
    q8_interleaved.h, which also makes the layout), with the same bits: a vpdpbusd lane an output row, so no lane
-   sums across a block and the scales applied to 16 outputs at once. On the Intel Xeon this was measured on
-   (Emerald Rapids class, 1 thread, SmolLM2's shapes), the tile loop below runs a one-row product at 0.75-0.95x
-   the speed of quant_gemm.c's float32 FMAs; the interleaved loop at 1.3-2.6x (docs/cpu-weights.md). */
+   sums across a block and the scales applied to 16 outputs at once; on AMX-INT8 (EYAS_AMX), from 16 rows of x
+   the block integers of 16 rows x 16 outputs come from one tdpbssd instead (q8_amx.h). On the Intel Xeon this was
+   measured on (Emerald Rapids class, 1 thread, SmolLM2's shapes), the tile loop below runs a one-row product at
+   0.75-0.95x the speed of quant_gemm.c's float32 FMAs; the interleaved loop at 1.3-2.6x (docs/cpu-weights.md). */
 #pragma GCC optimize("fp-contract=off")
 #include <math.h>
 #include <stdint.h>
@@ -72,8 +73,18 @@ static void quantize_row(const float *x, int64_t nsub, int8_t *qx, float *dx, fl
     for (int64_t b = nsub; b < padded(nsub); b++) dx[b] = sx[b] = 0.0f;
     for (int64_t b = 0; b < nsub; b++) {
         const float *v = x + SUB * b;
+        /* max |x| as fmaxf gives it (a NaN is skipped; the max of the rest does not depend on the order), in 8
+           running maxima and then theirs: vector compares, not 32 calls to fmaxf */
+        v8f m8 = {0};
+        for (int i = 0; i < SUB; i += 8) {
+            v8f a;
+            memcpy(&a, v + i, sizeof a);
+            a = (v8f)((v8i)a & 0x7fffffff);
+            v8i gt = a > m8;
+            m8 = (v8f)((gt & (v8i)a) | (~gt & (v8i)m8));
+        }
         float amax = 0.0f;
-        for (int i = 0; i < SUB; i++) amax = fmaxf(amax, fabsf(v[i]));
+        for (int i = 0; i < 8; i++) amax = m8[i] > amax ? m8[i] : amax;
         float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         int32_t sum = 0;
         for (int i = 0; i < SUB; i++) {
@@ -362,14 +373,18 @@ int eyas_q8_gemm(const float *x, int64_t ldx, const uint8_t *weight, int type, c
     int base = type > R16 && interleaves(type - R16) ? type - R16 : type, bs = block_size(base);
     if (bs == 0 || k_len % bs != 0 || k_len % SUB != 0 || (type == I8_ROW && row_scale == NULL)) return -1;
     int64_t nsub = k_len / SUB, np = padded(nsub);
-    /* x quantized: qx [M, K] int8, then dx and sx [M, padded(nsub)] float each */
+    /* x quantized: qx [rows, K] int8, then dx and sx [rows, padded(nsub)] float each; rows = M, or M rounded up to
+       whole tiles of 16 rows for AMX (q8_amx.h), the rows past M zero */
     _Alignas(64) char small[SMALL_X];
-    int64_t bytes = m_len * (k_len + 8 * np);
+    int64_t rows = amx_tiles(type, m_len) ? (m_len + 15) / 16 * 16 : m_len, bytes = rows * (k_len + 8 * np);
     int few = bytes <= SMALL_X;
     char *mem = few ? small : malloc((size_t)bytes);
     if (!mem) return -1;
     int8_t *qx = (int8_t *)mem;
-    float *dx = (float *)(mem + m_len * k_len), *sx = dx + m_len * np;
+    float *dx = (float *)(mem + rows * k_len), *sx = dx + rows * np;
+    memset(qx + m_len * k_len, 0, (size_t)((rows - m_len) * k_len));
+    memset(dx + m_len * np, 0, sizeof(float) * (size_t)((rows - m_len) * np));
+    memset(sx + m_len * np, 0, sizeof(float) * (size_t)((rows - m_len) * np));
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (!few)
     for (int64_t m = 0; m < m_len; m++) quantize_row(x + m * ldx, nsub, qx + m * k_len, dx + m * np, sx + m * np);
     int status = -1;

@@ -22,7 +22,9 @@
    pass over its contiguous records with one float accumulator per row of x; the 8 passes' results are summed
    ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)) across registers. Each block's weight vectors are loaded and
    unpacked once for up to MR rows of x. Q8_0's signed quants go into vpdpbusd as q + 128 (xor 0x80), and 128 sx
-   comes off the integer sum (exact: both are integers below 2^24 in float); AVX2 moves their signs onto x. */
+   comes off the integer sum (exact: both are integers below 2^24 in float); AVX2 moves their signs onto x. The AMX
+   build (EYAS_AMX) takes products of 16 rows of x and more to q8_amx.h, which gets each block's integers of 16
+   rows from one tile multiply and adds the same terms in the same order. */
 #ifndef EYAS_Q8_INTERLEAVED_H
 #define EYAS_Q8_INTERLEAVED_H
 
@@ -216,64 +218,88 @@ static inline __attribute__((always_inline)) void group_rows(const int type, con
                  ((lanes[2][i] + lanes[6][i]) + (lanes[3][i] + lanes[7][i]));
 }
 
-#if MR == 8 /* a call for each count of rows below MR, so the loops over rows unroll */
-#define MORE_ROWS(TYPE)                                                                                        \
-    case 4: group_rows(TYPE, 4, grp, lo, nsub, x, d, s, k_len, np, res); break;                               \
-    case 5: group_rows(TYPE, 5, grp, lo, nsub, x, d, s, k_len, np, res); break;                               \
-    case 6: group_rows(TYPE, 6, grp, lo, nsub, x, d, s, k_len, np, res); break;                               \
-    case 7: group_rows(TYPE, 7, grp, lo, nsub, x, d, s, k_len, np, res); break;
+#if defined(EYAS_AMX)
+#include "q8_amx.h"
 #else
-#define MORE_ROWS(TYPE)
+static inline int amx_tiles(int type, int64_t m_len) { return (void)type, (void)m_len, 0; }
+int eyas_q8_tiled_rows(void) { return 0; }
 #endif
+
+/* rows m0..m0+mr-1 of x against lanes lo..lo+W-1 of a full group: a call for each count of rows below MR, so
+   the loops over rows unroll */
+static inline __attribute__((always_inline)) void group_block(const int type, int mr, const uint8_t *grp, int lo,
+                                                            int64_t nsub, const int8_t *x, const float *d,
+                                                            const float *s, int64_t kq, int64_t np, vwf *res) {
+    switch (mr) {
+    case 1: group_rows(type, 1, grp, lo, nsub, x, d, s, kq, np, res); break;
+    case 2: group_rows(type, 2, grp, lo, nsub, x, d, s, kq, np, res); break;
+    case 3: group_rows(type, 3, grp, lo, nsub, x, d, s, kq, np, res); break;
+#if MR == 8
+    case 4: group_rows(type, 4, grp, lo, nsub, x, d, s, kq, np, res); break;
+    case 5: group_rows(type, 5, grp, lo, nsub, x, d, s, kq, np, res); break;
+    case 6: group_rows(type, 6, grp, lo, nsub, x, d, s, kq, np, res); break;
+    case 7: group_rows(type, 7, grp, lo, nsub, x, d, s, kq, np, res); break;
+#endif
+    default: group_rows(type, MR, grp, lo, nsub, x, d, s, kq, np, res); break;
+    }
+}
+
+/* One thread's share of the product on interleaved weights (called by every thread of a parallel region; the
+   threads split the groups): on AMX (tiled, q8_amx.h) a group's blocks multiply 16 rows of x at once, else MR rows
+   at a time; the same bits either way. Sets *failed when out of memory. */
+static inline __attribute__((always_inline)) void r16_thread(const int type, int tiled, const int8_t *qx,
+                                                           const float *dx, const float *sx, const uint8_t *weight,
+                                                           float *out, int64_t ldo, int64_t m_len, int64_t n_len,
+                                                           int64_t k_len, int *failed) {
+#if defined(EYAS_AMX)
+    if (tiled) {
+        amx_thread(type, qx, dx, sx, weight, out, ldo, m_len, n_len, k_len, failed);
+        return;
+    }
+#else
+    (void)tiled;
+#endif
+    int64_t nsub = k_len / SUB, np = padded(nsub), rb = nsub * block_bytes(type);
+    int64_t groups = (n_len + GROUP - 1) / GROUP;
+    uint8_t *wide = NULL; /* the last group widened, by the thread that takes it */
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < groups; g++) {
+        int64_t R = n_len - GROUP * g < GROUP ? n_len - GROUP * g : GROUP;
+        const uint8_t *grp = weight + GROUP * g * rb;
+        if (R < GROUP) {
+            wide = malloc((size_t)(GROUP * rb));
+            if (!wide) {
+#pragma omp atomic write
+                *failed = 1;
+                continue;
+            }
+            widen_group(type, grp, R, nsub, wide);
+            grp = wide;
+        }
+        for (int lo = 0; lo < R; lo += W)
+            for (int64_t m0 = 0; m0 < m_len; m0 += MR) {
+                int mr = m_len - m0 < MR ? (int)(m_len - m0) : MR;
+                vwf res[MR];
+                group_block(type, mr, grp, lo, nsub, qx + m0 * k_len, dx + m0 * np, sx + m0 * np, k_len, np, res);
+                for (int i = 0; i < mr; i++)
+                    for (int j = 0; j < W && lo + j < R; j++) out[(m0 + i) * ldo + GROUP * g + lo + j] = res[i][j];
+            }
+    }
+    free(wide);
+}
+
+/* the region is opened here, with TYPE a constant in it (OpenMP outlines a region before constants propagate) */
 #define GEMM_R16_FOR(TYPE)                                                                                     \
     static int gemm_r16_##TYPE(const int8_t *qx, const float *dx, const float *sx, const uint8_t *weight,     \
                                float *out, int64_t ldo, int64_t m_len, int64_t n_len, int64_t k_len,         \
                                int num_threads) {                                                           \
-        int64_t nsub = k_len / SUB, np = padded(nsub), rb = nsub * block_bytes(TYPE);                      \
-        int64_t groups = (n_len + GROUP - 1) / GROUP;                                                       \
-        int failed = 0;                                                                                     \
+        int failed = 0, tiled = amx_tiles(R16 + TYPE, m_len);                                               \
         _Pragma("omp parallel num_threads(num_threads)")                                                    \
-        {                                                                                                   \
-            uint8_t *wide = NULL; /* the last group widened, by the thread that takes it */                 \
-            _Pragma("omp for schedule(static)")                                                             \
-            for (int64_t g = 0; g < groups; g++) {                                                         \
-                int64_t R = n_len - GROUP * g < GROUP ? n_len - GROUP * g : GROUP;                         \
-                const uint8_t *grp = weight + GROUP * g * rb;                                               \
-                if (R < GROUP) {                                                                            \
-                    wide = malloc((size_t)(GROUP * rb));                                                    \
-                    if (!wide) {                                                                            \
-                        _Pragma("omp atomic write")                                                         \
-                        failed = 1;                                                                         \
-                        continue;                                                                           \
-                    }                                                                                       \
-                    widen_group(TYPE, grp, R, nsub, wide);                                                  \
-                    grp = wide;                                                                             \
-                }                                                                                           \
-                for (int lo = 0; lo < R; lo += W)                                                           \
-                    for (int64_t m0 = 0; m0 < m_len; m0 += MR) {                                           \
-                        int mr = m_len - m0 < MR ? (int)(m_len - m0) : MR;                                  \
-                        vwf res[MR];                                                                        \
-                        const int8_t *x = qx + m0 * k_len;                                                  \
-                        const float *d = dx + m0 * np, *s = sx + m0 * np;                                   \
-                        switch (mr) {                                                                       \
-                        case 1: group_rows(TYPE, 1, grp, lo, nsub, x, d, s, k_len, np, res); break;         \
-                        case 2: group_rows(TYPE, 2, grp, lo, nsub, x, d, s, k_len, np, res); break;         \
-                        case 3: group_rows(TYPE, 3, grp, lo, nsub, x, d, s, k_len, np, res); break;         \
-                        MORE_ROWS(TYPE)                                                                     \
-                        default: group_rows(TYPE, MR, grp, lo, nsub, x, d, s, k_len, np, res); break;       \
-                        }                                                                                   \
-                        for (int i = 0; i < mr; i++)                                                        \
-                            for (int j = 0; j < W && lo + j < R; j++)                                       \
-                                out[(m0 + i) * ldo + GROUP * g + lo + j] = res[i][j];                       \
-                    }                                                                                       \
-            }                                                                                               \
-            free(wide);                                                                                     \
-        }                                                                                                   \
+        r16_thread(TYPE, tiled, qx, dx, sx, weight, out, ldo, m_len, n_len, k_len, &failed);                \
         return failed ? -1 : 0;                                                                             \
     }
 GEMM_R16_FOR(Q4_0)
 GEMM_R16_FOR(Q4_1)
 GEMM_R16_FOR(Q8_0)
 #undef GEMM_R16_FOR
-#undef MORE_ROWS
 #endif

@@ -181,12 +181,24 @@ def _find(precision: str):
     return None if q8 is None else (q8, found[1])
 
 
+def tiled_rows(isa: str, variant: str | None) -> int:
+    """The rows of x from which that build of q8_gemm.c multiplies interleaved weights on AMX tiles; 0 if never
+    (no AMX build, or the OS refuses the tile state)."""
+    from eyas import kernels
+
+    fn = kernels.entry("q8_gemm", function="q8_tiled_rows", isa=isa, variant=variant)
+    return 0 if fn is None else fn()
+
+
 def dot_products() -> str:
     """How q8_gemm.c's build for this CPU computes its integer dot products, in words (for logs and reports)."""
     from eyas.kernels import cpu_isa, dot_variant
 
-    return {"vnni512": "AVX512-VNNI vpdpbusd", "vnni256": "AVX-VNNI vpdpbusd"}.get(
-        dot_variant("q8_gemm"), {"avx512": "AVX2 vpmaddubsw", "avx2": "AVX2 vpmaddubsw"}.get(cpu_isa(), "portable C"))
+    variant = dot_variant("q8_gemm")
+    words = {"amx": "AVX512-VNNI vpdpbusd", "vnni512": "AVX512-VNNI vpdpbusd", "vnni256": "AVX-VNNI vpdpbusd"}.get(
+        variant, {"avx512": "AVX2 vpmaddubsw", "avx2": "AVX2 vpmaddubsw"}.get(cpu_isa(), "portable C"))
+    rows = tiled_rows(cpu_isa(), variant) if variant == "amx" else 0
+    return words + (f", AMX tdpbssd from {rows} rows" if rows else "")
 
 
 def kernel_available(precision: str = "highest") -> bool:
