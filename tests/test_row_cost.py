@@ -88,3 +88,13 @@ def test_a_drafters_products_are_measured_once_per_drafter_then_read(records, mo
     assert row_cost.measured_draft_products(twin, target, None, "highest", 1) == first
     with pytest.raises(AssertionError, match="measured again"):  # another drafter shape: another record
         row_cost.measured_draft_products(nn.Sequential(nn.Linear(256, 64)), target, None, "highest", 1)
+
+
+def test_another_kernel_build_is_measured_anew(tmp_path, records, monkeypatch):
+    """The record's key holds the kernel builds the engine runs (their sources and which ISA build): the AMX tiles
+    changed the 16-row cost from 2.8 to 2.3 one-row products on the same CPU, so a record of the old build must go."""
+    path = write_quantized_gguf(tmp_path / "q.gguf")
+    _llm(path)
+    monkeypatch.setattr(row_cost, "builds_key", lambda: "another build")
+    _llm(path)
+    assert len(list(records.glob("*.json"))) == 2

@@ -176,6 +176,13 @@ def engine_builds() -> list[tuple[str, str | None, str | None]]:
     return per_isa + [(path.stem, None, None) for path in sorted(_SOURCES.glob("*.c")) if path.stem not in PER_ISA]
 
 
+def builds_key() -> str:
+    """A short key of the kernels an engine on this CPU runs (their sources and headers, and which builds it
+    takes), for what is measured of them once: a changed kernel or build is measured anew."""
+    text = b"".join(p.read_bytes() for p in sorted(_SOURCES.glob("*.[ch]"))) + repr(engine_builds()).encode()
+    return hashlib.sha256(text + cpu_key().encode()).hexdigest()[:16]
+
+
 def prebuild() -> None:
     """Build every kernel of ``engine_builds`` that the cache lacks, side by side on the CPU's cores: an engine's
     first run otherwise builds them one by one as it loads them (AMD Zen 4, 2 cores: 22 s of builds, two thirds

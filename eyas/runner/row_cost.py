@@ -1,7 +1,7 @@
 """What a CPU target forward of n rows costs, in one-row forwards (``RowCost``, the curve adaptive drafting prices
-drafts with): measured on this machine, once per CPU, weight format, matmul precision, thread count and model
-shape, and kept in the cache folder (like ``eyas.kernels.bf16_mac_ratio``), so every process on the machine makes
-the same drafting decisions from one record.
+drafts with): measured on this machine, once per CPU, kernel build (``eyas.kernels.builds_key``), weight
+format, matmul precision, thread count and model shape, and kept in the cache folder (like
+``eyas.kernels.bf16_mac_ratio``), so every process on the machine makes the same drafting decisions from one record.
 
 The measurement times the target's own matrix products (every ``QuantLinear`` and ``Linear`` of the model, one
 pass in order, as a forward makes them) on n rows of random activations for each n of ``ROWS``: after a warm-up
@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from eyas.cache import cache_dir
-from eyas.kernels import cpu_key
+from eyas.kernels import builds_key
 from eyas.model.quantized import QuantLinear
 from eyas.spec_decode.adaptive import RowCost
 
@@ -51,9 +51,9 @@ def _shapes(model: nn.Module) -> list:
 
 def record_path(model: nn.Module, quantization: str | None, precision: str, threads: int,
                 drafter: nn.Module | None = None) -> Path:
-    """The record's file: named by a hash of the CPU, the weights' formats and shapes (the drafter's too, for a
-    drafter's record) and the products' settings."""
-    what = json.dumps([cpu_key(), quantization, precision, threads, _shapes(model)]
+    """The record's file: named by a hash of the CPU and the kernel builds it runs, the weights' formats and shapes
+    (the drafter's too, for a drafter's record) and the products' settings."""
+    what = json.dumps([builds_key(), quantization, precision, threads, _shapes(model)]
                       + ([] if drafter is None else ["drafter", _shapes(drafter)]))
     return cache_dir() / "row-costs" / f"{hashlib.sha256(what.encode()).hexdigest()[:16]}.json"
 
