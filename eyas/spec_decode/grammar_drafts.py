@@ -39,10 +39,7 @@ def grammar_drafts(inp: ProposerInput, out: ProposerOutput, lookahead: int) -> P
     width = min(k, out.draft_token_ids.shape[1])
     drafts[:, :width] = out.draft_token_ids[:, :width].cpu()
     forced = torch.zeros(num_rows, k, dtype=torch.bool)  # [R, k]
-    probs = None  # [R, k, V]: the proposer's, then one-hot rows for forced drafts past them
-    if out.draft_probs is not None:
-        probs = out.draft_probs.new_zeros(num_rows, k, out.draft_probs.shape[-1])
-        probs[:, :width] = out.draft_probs[:, :width]
+    plans = {}  # row -> its walked drafts
     for r, grammar in enumerate(inp.grammars):
         if grammar is None:
             continue
@@ -50,12 +47,18 @@ def grammar_drafts(inp: ProposerInput, out: ProposerOutput, lookahead: int) -> P
         if walk is None:  # the request ends this step
             counts[r] = 0
             continue
-        plan = walk.plan_drafts(proposed[r][:counts[r]], k)
+        plan = plans[r] = walk.plan_drafts(proposed[r][:counts[r]], k)
         n = len(plan.tokens)
         drafts[r, :n] = torch.tensor(plan.tokens, dtype=torch.int64)
         forced[r, :n] = torch.tensor(plan.forced)
         counts[r] = n
-        if probs is not None and n > plan.num_proposed:  # forced tokens the proposer did not draft: one-hot
-            probs[r, plan.num_proposed:n] = 0.0
-            probs[r, torch.arange(plan.num_proposed, n), torch.tensor(plan.tokens[plan.num_proposed:])] = 1.0
+    probs = out.draft_probs  # [R, k', V]: the proposer's, then one-hot rows for forced drafts past its own
+    if probs is not None:
+        longest = max([probs.shape[1], *(len(plan.tokens) for plan in plans.values())])
+        probs = torch.cat([probs, probs.new_zeros(num_rows, longest - probs.shape[1], probs.shape[2])], dim=1)
+        for r, plan in plans.items():
+            n = len(plan.tokens)
+            if n > plan.num_proposed:  # forced tokens the proposer did not draft: one-hot
+                probs[r, plan.num_proposed:n] = 0.0
+                probs[r, torch.arange(plan.num_proposed, n), torch.tensor(plan.tokens[plan.num_proposed:])] = 1.0
     return ProposerOutput(drafts.to(device), torch.tensor(counts, dtype=torch.int64, device=device), probs, forced)
