@@ -116,27 +116,39 @@ def test_speculators_folder_gives_the_default_k(drafters):
 
 def _record_drafts(llm, proposer=None) -> dict:
     """Wrap the proposer (``proposer``: the one inside the engine's): ``records`` gets (tokens, drafts) of every row
-    it drafts, ``caught_up`` those of rows that skipped steps before (``eyas.spec_decode.catch_up``), ``skipped`` counts
-    the rows it left out."""
+    it drafts, ``caught_up`` those of rows that had drafted before, then skipped steps, and whose draft prefill
+    caught up over them (``eyas.spec_decode.catch_up``); ``skipped`` counts the rows it left out."""
     proposer = proposer or llm.engine.runner.proposer
     seen = {"records": [], "caught_up": [], "skipped": 0}
-    original = proposer.propose
+    batches, drafted = [], set()
+    original, original_batch = proposer.propose, proposer.catch_up.batch if proposer.catch_up else None
+
+    def batching(inp, next_ids, hidden):
+        batches.append(original_batch(inp, next_ids, hidden))
+        return batches[-1]
 
     def recording(inp):
-        gaps = dict(proposer.catch_up.gaps) if proposer.catch_up else {}
+        batches.clear()
         out = original(inp)
-        for r in range(len(inp.sample_rows)):
+        batch = batches[0] if batches else None
+        for r, b in enumerate(inp.sample_rows):
             if int(out.num_drafts[r]) == 0:
                 seen["skipped"] += 1
                 continue
             emitted = inp.emitted[r, :int(inp.num_emitted[r])].tolist()
             record = (inp.token_ids[r] + emitted, out.draft_token_ids[r].tolist())
             seen["records"].append(record)
-            if inp.request_ids[r] in gaps:
-                seen["caught_up"].append(record)
+            if batch is not None and inp.request_ids[r] in drafted:
+                i = batch.requests.index(b)
+                query = batch.query_start_loc[i + 1] - batch.query_start_loc[i]
+                if query > inp.query_start_loc[b + 1] - inp.query_start_loc[b]:
+                    seen["caught_up"].append(record)
+            drafted.add(inp.request_ids[r])
         return out
 
     proposer.propose = recording
+    if proposer.catch_up:
+        proposer.catch_up.batch = batching
     return seen
 
 
@@ -265,6 +277,37 @@ def test_a_drafter_the_cost_model_rejects_at_batch_16_never_runs_its_head(drafte
     assert calls["head"] > 0 and calls["decode"] > 0
 
 
+def test_prompts_cost_the_drafter_nothing_until_their_request_drafts(drafters):
+    """With adaptive drafting the draft prefill runs only over requests that draft. 8 requests with chunked
+    prompts, all told 0, run no draft prefill at all, and their output equals plain greedy. A request that then
+    shares one of those prompts' blocks through the prefix cache drafts what the dense reference drafts: its first
+    draft prefill catches up over the shared blocks, which the drafter never saw."""
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompts = [p * 3 for p in _prompts(8, seed=4)]  # 9 to 210 tokens
+    plain = LLM(str(drafters.target), dtype="float32", max_model_len=256, kv_cache_gb=0.05)
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
+    llm = _llm(drafters, "eagle3", spec_over={"draft_row_cost": 0.0}, max_num_batched_tokens=64)
+    scheduler, proposer = llm.engine.scheduler, llm.engine.runner.proposer
+    expected, prefill = scheduler._expected_drafts, proposer._prefill_step
+    scheduler._expected_drafts = lambda scheduled: dict.fromkeys(expected(scheduled), 0)
+    rows = []
+
+    def counting(input_ids, positions, hidden):
+        rows.append(len(input_ids))
+        return prefill(input_ids, positions, hidden)
+
+    proposer._prefill_step = counting
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
+    assert rows == [] and llm.stats()["num_drafted"] == 0
+    scheduler._expected_drafts = expected
+    seen = _record_drafts(llm)
+    shared = prompts[3] + [5, 6]  # the prefix cache holds the 13 full blocks of prompts[3]
+    out = llm.generate([shared], params, use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == plain.generate([shared], params, use_tqdm=False)[0].outputs[0].token_ids
+    assert rows[0] == len(shared) and len(seen["records"]) >= 3
+    _assert_reference_drafts(drafters, "eagle3", seen["records"])
+
+
 def test_speculators_folder_as_the_model_names_target_and_k(drafters):
     llm = LLM(drafters.folders["eagle3_speculators"], dtype="float32", max_model_len=256, kv_cache_gb=0.05)
     spec = llm.engine.config.speculative
@@ -356,8 +399,9 @@ def test_graph_layout_run_eagerly_proposes_the_eager_drafts(drafters, case):
     from eyas.model.cuda_graphs import StepGraphs
 
     prompts, params = _mixed_batch()
-    # a row cost (the line c = 0.07) under which 7, 5 and 3 decoding requests draft together in this batch
-    kw = dict(spec_over={"draft_row_cost": 0.07}, max_num_batched_tokens=48)
+    # a row cost (the line c = 0.07) under which 5 or more decoding requests draft together in this batch; the
+    # budget chunks the 70-token prompt, whose drafter rows are caught up (eagerly) when it first drafts
+    kw = dict(spec_over={"draft_row_cost": 0.07}, max_num_batched_tokens=64)
     want = _drafts_per_step(_llm(drafters, case, **kw), prompts, params)
     llm = _llm(drafters, case, **kw)
     graphs = llm.engine.runner.proposer.layout_forward.graphs = StepGraphs(torch.device("cpu"), 64, capture=False)

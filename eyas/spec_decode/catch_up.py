@@ -2,39 +2,46 @@
 
 The draft prefill keeps the drafter's KV cache in step with the target's: every step it runs over the
 verification layout, pairing the token after each position with the target's hidden state there
-(``eyas.spec_decode.speculator``). When the scheduler expects to verify no drafts of a sampling request next step
-(``ProposerInput.expected_drafts`` 0, see ``eyas.spec_decode.adaptive``), the speculator leaves that request out of
-the step entirely: no prefill rows, no draft head, no decode steps. So that it can draft again later:
+(``eyas.spec_decode.speculator``). A request runs in it only when it drafts: when it samples this step and the
+scheduler expects to verify its drafts next step (``ProposerInput.expected_drafts`` > 0, see
+``eyas.spec_decode.adaptive``). Every other request of the layout is left out: a prompt chunk that does not
+sample, and a request told 0. So that it can draft later:
 
 * every step, the hidden states the prefill reads go to a paged store, for every row of the layout: a
   cache-only layer (``eyas.model.cache_only``) in a KV-cache group of its own, which follows the target's
   block tables through chunked prefill, preemption and prefix caching;
-* the first position of a request left out is kept (its gap); every position before it has drafter entries;
-* when the request drafts again, its prefill query starts at its gap: the rows of positions gap .. s-1 (s:
-  its first position in this step's layout) read the store and the committed tokens after them, then its
-  layout rows follow. The prefill fills the gap and drafts from the last row as usual.
+* one bit per cache slot says whether the drafter's entry there belongs to the target's entry there: set
+  where the draft prefill ran over the slot, cleared where the target wrote it and the drafter did not. Every
+  write of the target passes through here, so the bits stay true whoever held the slot before: a block the
+  prefix cache shares keeps the bits of the request that filled it;
+* when a request drafts, its prefill query starts at its first position whose bit is clear (or at its
+  layout rows, if there is none): the rows of positions first .. s-1 (s: its first position in this step's
+  layout) read the store and the committed tokens after them, then its layout rows follow. The prefill fills
+  them and drafts from the last row as usual.
 
-Prompt chunks that do not sample carry no expectation and always run; so even after a preemption recomputes
-a request, every position before its gap has drafter entries (a catch-up may recompute some of them: the
-same values). Where a recomputed request's last chunk starts before its gap, the gap moves back to it.
+So a prompt costs the drafter nothing until its request first drafts, and then one prefill over all of it;
+a request the cost model never lets draft (a long prompt at batch 8 on a CPU) never costs it anything.
 
 Example: request A decodes with one draft a step and is told 0 at the steps whose layouts start at positions
-40, 41 and 42 (the last committed token; its drafts were dropped): nothing runs for it, its gap is 40. At the
-step whose layout starts at 43 (x43, then its draft) it is told 1: its prefill query covers positions 40..44,
-rows 40..42 from the store with tokens x41..x43 from its history, rows 43..44 from the layout.
+40, 41 and 42 (the last committed token; its drafts were dropped): nothing runs for it, and the bits of
+positions 40.. are cleared. At the step whose layout starts at 43 (x43, then its draft) it is told 1: its
+prefill query covers positions 40..44, rows 40..42 from the store with tokens x41..x43 from its history, rows
+43..44 from the layout. Request B, admitted with a prompt of 300 tokens whose first 256 the prefix cache held
+from a request that never drafted, prefills its last 44 in a step without drafting; when its first sampling
+row drafts, its query covers positions 0..299.
 
 Cost: the store holds the drafter's input of every token, ``len(aux_layer_ids) * hidden`` values for EAGLE-3
 (``hidden`` for EAGLE-1 and MTP): on SmolLM2-135M in float32, 6,912 bytes a token beside the target's 46,080
-and EAGLE-3's own 1,536. It exists with adaptive drafting only, the one mode in which a request is told 0.
-Prefix caching: a block filled while its request was left out has no drafter entries at those positions; a
-request that shares it drafts over them without catching up (outputs are unaffected, acceptance can dip),
-like the stale entry of a shared block described in ``eyas.spec_decode.speculator``.
+and EAGLE-3's own 1,536, and the bits one byte a token. It exists with adaptive drafting only, the one mode in
+which a request is told 0; without it every request of the layout drafts and the prefill runs over all of
+them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from eyas.kv.manager import KVCacheGroupSpec
@@ -63,12 +70,12 @@ class DraftBatch:
 
 
 class CatchUp:
-    """The store of drafter inputs and the gap of every request left out (see the module docstring)."""
+    """The store of drafter inputs and the bits of the slots with drafter entries (see the module docstring)."""
 
     def __init__(self, width: int, block_size: int, dtype: torch.dtype, device: torch.device):
         self.store = CacheOnlyLayer(1, width, kv_cache_group=-1)  # one row of ``width`` values a token
         self.block_size, self.dtype, self.device = block_size, dtype, device
-        self.gaps: dict[str, int] = {}  # request id -> its first position without drafter entries
+        self.filled = np.zeros((0, block_size), dtype=bool)  # [blocks, block_size] host; bound by bind_kv_cache
 
     def kv_cache_group(self, name: str) -> KVCacheGroupSpec:
         return KVCacheGroupSpec(name, (name,), self.store.bytes_per_token(self.dtype))
@@ -76,34 +83,41 @@ class CatchUp:
     def bind_kv_cache(self, num_slots: int, group: int) -> None:
         self.store.kv_cache_group = group
         self.store.bind_cache(num_slots, self.dtype, self.device)
+        self.filled = np.zeros((num_slots // self.block_size, self.block_size), dtype=bool)
+
+    def _first_unfilled(self, blocks: np.ndarray, start: int) -> int:
+        """The first of positions 0 .. start-1 of a request holding ``blocks`` whose drafter entry is missing
+        (start: none)."""
+        bits = self.filled[blocks[:-(-start // self.block_size)]].ravel()[:start]
+        return start if bits.all() else int(bits.argmin())
 
     def batch(self, inp: ProposerInput, next_ids: torch.Tensor, hidden: torch.Tensor) -> DraftBatch | None:
         """Store this step's ``hidden`` [num_tokens, H_in], then the batch the draft prefill runs over (None: no
-        request); ``next_ids`` [num_tokens] is the token after each layout row."""
+        request drafts); ``next_ids`` [num_tokens] is the token after each layout row."""
         table = block_table_tensor([t[self.store.kv_cache_group] for t in inp.block_tables])  # [B, blocks]
         _, slots = layout_slots(table, inp.query_start_loc, inp.seq_lens, self.block_size)
         self.store.write(hidden[:, None], slots.to(self.device))
+        blocks = table.numpy()
         qsl, seq_lens = inp.query_start_loc.tolist(), inp.seq_lens.tolist()
-        row_of = {b: r for r, b in enumerate(inp.sample_rows)}
         num_tokens = qsl[-1]
+        drafting = {b: r for r, b in enumerate(inp.sample_rows) if inp.expected_drafts[r] > 0}
         requests, q_lens, rows = [], [], []  # rows: index into the layout's rows, then the caught-up rows
         tokens, positions = [], []  # of the caught-up rows
+        ran = np.zeros(num_tokens, dtype=bool)  # [T] whether the prefill runs over layout row t
         for b, seq_len in enumerate(seq_lens):
+            if b not in drafting:
+                continue
             start = seq_len - (qsl[b + 1] - qsl[b])  # position of its first layout row
-            first = start
-            if b in row_of:
-                r = row_of[b]
-                request_id = inp.request_ids[r]
-                if inp.expected_drafts[r] == 0:
-                    self.gaps[request_id] = min(self.gaps.get(request_id, start), start)
-                    continue
-                first = min(self.gaps.pop(request_id, start), start)
-                rows += range(num_tokens + len(tokens), num_tokens + len(tokens) + start - first)
-                tokens += inp.token_ids[r][first + 1:start + 1]
-                positions += [(b, p) for p in range(first, start)]
+            first = self._first_unfilled(blocks[b], start)
+            rows += range(num_tokens + len(tokens), num_tokens + len(tokens) + start - first)
+            tokens += inp.token_ids[drafting[b]][first + 1:start + 1]
+            positions += [(b, p) for p in range(first, start)]
             rows += range(qsl[b], qsl[b + 1])
+            ran[qsl[b]:qsl[b + 1]] = True
             requests.append(b)
             q_lens.append(seq_len - first)
+        flat = self.filled.reshape(-1)  # a view
+        flat[slots.numpy()] = ran
         if not requests:
             return None
         if len(requests) == len(seq_lens) and not tokens:
@@ -112,6 +126,7 @@ class CatchUp:
             at = torch.tensor(positions, dtype=torch.int64)  # [C, 2] (layout request b, position)
             caught = at[:, 1]
             caught_slots = table[at[:, 0], caught // self.block_size] * self.block_size + caught % self.block_size
+            flat[caught_slots.numpy()] = True
             next_ids = torch.cat([next_ids, torch.tensor(tokens, dtype=next_ids.dtype, device=next_ids.device)])
             hidden = torch.cat([hidden, self.store.gather(caught_slots.to(self.device))[:, 0]])
             all_positions = torch.cat([inp.positions, caught.to(inp.positions.device)])
@@ -123,6 +138,3 @@ class CatchUp:
         return DraftBatch(next_ids.index_select(0, index), all_positions.index_select(0, index),
                           hidden.index_select(0, index), query_start_loc, torch.tensor([seq_lens[b] for b in requests]),
                           requests)
-
-    def forget(self, request_id: str) -> None:
-        self.gaps.pop(request_id, None)

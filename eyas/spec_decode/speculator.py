@@ -27,10 +27,11 @@ states of positions 4..6; row 5 (x6 with the state at 5) drafts x7 at position 7
 at positions 6 and 7 draft x8 and x9; a parallel drafter's one forward of mask rows at positions 6 and 7
 drafts them instead.
 
-A request the scheduler expects to verify no drafts of next step (``ProposerInput.expected_drafts``
-0) is left out of all three, and its skipped positions are caught up by the prefill of the step it
-drafts again (``eyas.spec_decode.catch_up``): the prefill runs over a ``DraftBatch``, the layout's requests
-that draft or fill a prompt chunk, each query extended back over its gap.
+With adaptive drafting, a request the scheduler expects to verify no drafts of next step
+(``ProposerInput.expected_drafts`` 0), and a prompt chunk that does not sample, is left out of all three; the
+positions it skipped are caught up by the prefill of the step it drafts (``eyas.spec_decode.catch_up``): the
+prefill runs over a ``DraftBatch``, the layout's requests that draft, each query extended back over its positions
+without drafter entries.
 
 No device-to-host sync: row indices come from host-side layout sizes plus the device-side
 number of emitted tokens; host-side sizes are only upper bounds for attention metadata.
@@ -62,7 +63,6 @@ from typing import Callable, ClassVar
 import torch
 
 from eyas.config import EngineConfig
-from eyas.core.step import DoneRequest
 from eyas.drafters import shipped_drafter
 from eyas.kv.manager import KVCacheGroupSpec
 from eyas.model.attention import block_table_tensor, default_backend, get_backend
@@ -184,10 +184,6 @@ class HiddenStateSpeculator(Proposer):
         self.layout_forward.groups = [CacheGroup(layer.kv_cache_group, layer.sliding_window) for layer in self.layers]
         if self.catch_up:
             self.catch_up.bind_kv_cache(num_blocks * block_size, first_group + len(self.layers))
-
-    def request_done(self, done: DoneRequest) -> None:
-        if self.catch_up:
-            self.catch_up.forget(done.request_id)
 
     def _next_tokens(self, inp: ProposerInput) -> torch.Tensor:
         """[num_tokens]: the token after each layout row (see the module docstring)."""
