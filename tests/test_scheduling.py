@@ -138,7 +138,7 @@ def test_expected_drafts_equal_what_the_next_step_verifies():
                           max_total_tokens=1024))
     budgets = copy.deepcopy({i: r.budget for i, r in scheduler.drafts.records.items()})
     plan = scheduler.schedule()  # 16 prompts of 10 tokens sample; 96 tokens of the long prompt do not
-    assert {i: r.budget for i, r in scheduler.drafts.records.items()} == budgets
+    assert {i: scheduler.drafts.records[i].budget for i in budgets} == budgets
     expected = plan.expected_drafts
     assert set(expected) == {f"r{i}" for i in range(16)}
     sampled = {e.request.request_id: [8] for e in plan.scheduled if e.will_sample}
@@ -208,3 +208,44 @@ def test_text_decoded_at_the_end_equals_the_streamed_text(tiny_models):
     aborted = engine.abort_request("quiet").outputs[0]
     engine.abort_request("loud")
     assert len(aborted.token_ids) == 5 and aborted.text == llm.get_tokenizer().decode(aborted.token_ids)
+
+
+def test_a_drafter_that_catches_up_drafts_after_a_chunked_prompt_only_where_the_catch_up_pays():
+    """A drafter that leaves out what it is not told to draft for (``DraftCost.catches_up``) runs its prefill, the
+    step a request first drafts, over the prompt's earlier chunks (the request's ``behind``) and the last one. The
+    scheduler charges its products over them once, spread over the tokens the request may still make: a
+    1,000-token prompt in chunks of 256 costs the drafter's products over 999 rows past the usual one (about 14.1
+    one-row forwards at the Xeon's drafter curve), which 8 new tokens do not repay and 400 do. A request told to
+    draft is caught up; one told 0 falls further behind."""
+    from eyas.config import SchedulerConfig
+    from eyas.core.request import Request
+    from eyas.core.step import RunnerOutput
+    from eyas.engine.scheduler import Scheduler
+    from eyas.kv.manager import KVCacheGroupSpec, KVCacheManager
+    from eyas.spec_decode.adaptive import DraftCost, RowCost
+    from eyas.spec_decode.config import SpeculativeConfig
+
+    products = RowCost(((1, 0.052), (2, 0.065), (4, 0.085), (8, 0.149), (16, 0.254), (32, 0.48)))
+    rows = RowCost(((1, 1.0), (2, 1.07), (4, 1.22), (8, 1.64), (16, 2.89)))
+    told = {}
+    for max_tokens in (8, 400):
+        for catches_up in (False, True):
+            kv = KVCacheManager([KVCacheGroupSpec("target", ("layers",), 1)], 256, 16, enable_prefix_caching=False)
+            scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=256, max_model_len=2048), kv,
+                                  SpeculativeConfig(method="ngram", num_speculative_tokens=4), draft_row_cost=rows,
+                                  draft_step_cost=DraftCost(0.15, products, catches_up=catches_up))
+            scheduler.add(Request("r", [7] * 1000, 1000, SamplingParams(temperature=0, ignore_eos=True,
+                                                                       max_tokens=max_tokens),
+                                  seed=0, eos_token_ids=frozenset(), max_total_tokens=2048))
+            behind = []
+            while True:
+                plan = scheduler.schedule()
+                behind.append(scheduler.drafts.records["r"].behind)
+                if plan.scheduled[0].will_sample:
+                    break
+                scheduler.commit(plan, RunnerOutput({}, {}, {}, {}, {}))
+            told[max_tokens, catches_up] = plan.expected_drafts["r"]
+            # the non-sampling chunks, then 0 once told to draft or all 1,000 once told 0
+            assert behind == [256, 512, 768, 0 if told[max_tokens, catches_up] else 1000]
+    assert told[8, False] > 0 and told[8, True] == 0  # 14.1 / 7 forwards a step: not repaid
+    assert told[400, False] == told[400, True] > 0  # 14.1 / 399: repaid

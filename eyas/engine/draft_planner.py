@@ -24,6 +24,7 @@ class DraftRecord:
     forced: list[bool] = field(default_factory=list)  # per draft: the only token its grammar admits there
     probs: Any = None  # [n, vocab] the drafter's probabilities of them (rejection sampling), a device tensor; or None
     budget: DraftBudget | None = None  # its adaptive draft length; None without adaptive drafting
+    behind: int = 0  # committed tokens the drafter has left out since it last drafted for the request (catch_up)
 
 
 @dataclass(frozen=True)
@@ -70,25 +71,48 @@ class DraftPlanner:
             counts = allocate_drafts([(len(d.tokens), 1.0, 0) for d in offered.values()], num_rows, FREE_ROWS, budget)
         return {i: _first(d, n) for (i, d), n in zip(offered.items(), counts)}
 
-    def expected(self, drafting: set[str], sampling: list[Request], num_rows: int, budget: int) -> dict[str, int]:
-        """Per request of ``drafting`` (sampling this step): the drafts the next step's ``plan`` would verify for
-        it, if its proposer offered every draft it may and this step's verification taught the budgets nothing.
+    def expected(self, drafting: dict[str, int], sampling: list[Request], num_rows: int, budget: int) -> dict[str, int]:
+        """Per request of ``drafting`` (sampling this step; its value: the rows of its layout this step past the
+        last one, a prompt chunk's): the drafts the next step's ``plan`` would verify for it, if its proposer
+        offered every draft it may and this step's verification taught the budgets nothing.
 
         A pure peek (``DraftBudget.peek``, then ``allocate_drafts`` over the next step's ``sampling`` requests
         and ``num_rows``); what the next step really verifies can differ only through this step's acceptance,
         stops and admissions. Without adaptive drafting: every lookahead slot.
+
+        A drafter that catches up (``DraftCost.catch_up``) runs its prefill, the step it drafts for a request, over
+        the rows it left out (``behind``) and this step's rows; past the one row a decode brings, that is a cost
+        paid once for the steps that follow. It enters as the request's share of it over the tokens it may still
+        make, and such a request is told to draft only if drafting would also pay in a step of decodes alone: a
+        next step that carries a long prompt chunk makes draft rows look free, but the steps after it do not.
         """
         if not self.adaptive:
             return dict.fromkeys(drafting, self.max_drafts)
         offers = {}  # request id -> (drafts it may offer, acceptance, forced drafts: unknown yet)
+        entries = []  # per offer: its catch-up spread over the steps it may still take (one token each, at most)
         for request in sampling:  # a request whose prompt ends next step holds no drafts: it offers none
             record = self.records.get(request.request_id)
             limit, acceptance = (record.budget if record else DraftBudget.start(self.max_drafts)).peek()
             may = request.request_id in drafting and request.params.speculate
             offers[request.request_id] = (max(0, min(limit, room(request, 1))) if may else 0, acceptance, 0)
-        allocated = dict(zip(offers, allocate_drafts(list(offers.values()), num_rows, self.row_cost, budget,
-                                                     self.step_cost)))
+            rows = (record.behind if record else 0) + drafting.get(request.request_id, 0)
+            entries.append(self.step_cost.catch_up(rows) / max(1, room(request, 0)))
+        counts = allocate_drafts(list(offers.values()), num_rows, self.row_cost, budget, self.step_cost, entries)
+        if any(entries):
+            decodes = allocate_drafts(list(offers.values()), len(offers), self.row_cost, budget, self.step_cost,
+                                      entries)
+            counts = [n if not entry or steady else 0 for n, entry, steady in zip(counts, entries, decodes)]
+        allocated = dict(zip(offers, counts))
         return {i: allocated.get(i, 0) for i in drafting}
+
+    def left_out(self, scheduled: list, expected: dict[str, int]) -> None:
+        """After ``expected`` told the drafter which requests to draft for this step: those it drafts for are
+        caught up; every other scheduled request falls behind by the committed tokens it computes (a prompt
+        chunk, or its last token; the drafts it verifies may be rejected)."""
+        for entry in scheduled:
+            record = self._record(entry.request.request_id)
+            told = expected.get(entry.request.request_id, 0)
+            record.behind = 0 if told else record.behind + entry.num_new_tokens
 
     def verified(self, request_id: str, num_drafts: int, num_accepted: int, forced: list[bool]) -> None:
         """A verification's outcome teaches the request's budget (leading forced drafts left out: they are
@@ -108,6 +132,7 @@ class DraftPlanner:
         record = self.records.get(request_id)
         if record is not None:
             record.tokens, record.forced, record.probs = [], [], None
+            record.behind = 0  # counted again over the recomputed tokens
 
     def done(self, request_id: str) -> None:
         """The request left the engine."""

@@ -145,7 +145,7 @@ class Scheduler:
         if self.drafts is None:
             return {}
         now = {entry.request.request_id: entry for entry in scheduled}
-        drafting = {i for i, entry in now.items() if entry.will_sample}
+        drafting = {i: entry.num_new_tokens - 1 for i, entry in now.items() if entry.will_sample}
 
         def left(request: Request) -> int:  # tokens to compute next step
             entry = now.get(request.request_id)
@@ -154,7 +154,9 @@ class Scheduler:
             return 1 if entry.will_sample else request.num_tokens - entry.start - entry.num_new_tokens
 
         sampling, num_rows, budget = self._rows(left, self.config.max_num_batched_tokens)
-        return self.drafts.expected(drafting, sampling, num_rows, budget)
+        expected = self.drafts.expected(drafting, sampling, num_rows, budget)
+        self.drafts.left_out(scheduled, expected)
+        return expected
 
     def _entry(self, request: Request, num_new: int, drafts: Drafts = NO_DRAFTS) -> ScheduledRequest:
         start = request.num_computed_tokens

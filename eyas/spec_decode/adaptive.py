@@ -84,7 +84,17 @@ verification brought no evidence. A proposer may skip a request told 0 (a hidden
 drafter then leaves it out entirely, ``eyas.spec_decode.catch_up``). A skipped request is not starved: its
 expectation comes from its budget alone, never from the drafts it holds, so a request skipped this
 step is offered its full limit again at the next; a request the cost model rejects is retried as
-above. Where even
+above. Such a drafter runs its prefill, the step it drafts for a request, over the rows it left out
+(``DraftCost.catch_up``: a prompt's chunks, the steps it was told 0) and that step's rows: for a request whose
+prompt ends that step, a prefill over all of it. The expectation charges that once, spread over the tokens the
+request may still make, as an entry cost of its first drafter-made draft (``allocate_drafts``'s ``entries``,
+``DraftPlanner.expected``), and tells such a request to draft only if drafting also pays in a step of decodes
+alone. Example (the shipped EAGLE-3 drafter, one Zen 4 thread, products of 1,900 rows about 62 one-row
+forwards): 7 tool prompts of about 260 tokens end in one step, and the next step carries the 8th prompt's last 243
+rows, beside which 7 draft rows look free; but in a step of 8 decodes drafting does not pay, so none is told to
+draft, and the drafter's prefill over their 1,800 prompt rows is not paid for one verification. Alone, a request
+with 96 tokens to make and a 260-token prompt enters at 8.4 / 96 = 0.09 forwards a step and drafts.
+Where even
 the prior does not pay (decoding rows only, k = 1: from 15 requests with c = 0.07 and s = 0, from
 5 with s = 0.35), no request drafts until the batch changes: the cost model's answer, not
 starvation.
@@ -200,6 +210,13 @@ class DraftCost:
     base: float = 0.0
     products: RowCost | None = None
     parallel: bool = False
+    # the drafter leaves out the requests told 0 and, when it drafts for one again, first runs its prefill over the
+    # rows it left out (eyas.spec_decode.catch_up): ``catch_up(rows)``
+    catches_up: bool = False
+
+    def catch_up(self, rows: int) -> float:
+        """What a catch-up over ``rows`` costs: the drafter's products over them (its attention left out)."""
+        return self.products(rows) if self.catches_up and self.products is not None and rows > 0 else 0.0
 
     def __call__(self, requests: int, depth: int) -> float:
         if requests == 0 or depth == 0:
@@ -216,29 +233,34 @@ NO_DRAFT_COST = DraftCost()  # a proposer whose drafting is cheap, or that draft
 
 
 def allocate_drafts(offers: list[tuple[int, float, int]], num_rows: int, cost: RowCost,
-                    max_drafts: int, step_cost: DraftCost = NO_DRAFT_COST) -> list[int]:
+                    max_drafts: int, step_cost: DraftCost = NO_DRAFT_COST, entries: list[float] | None = None
+                    ) -> list[int]:
     """How many drafts each sampling request verifies this step (see the module docstring).
 
     ``offers[i]`` = (drafts request i may verify, its acceptance estimate, how many of them lead
     the chain forced by its grammar); ``num_rows``: the forward's rows without drafts; ``cost``: the
     forward's cost by its rows; ``max_drafts``: what the token budget
     leaves for drafts; ``step_cost``: the drafter's work, paid by a step that verifies drafts it made, by the
-    requests it drafts for and their most drafts (forced drafts need none).
+    requests it drafts for and their most drafts (forced drafts need none); ``entries[i]``: what request i's
+    first draft made by the drafter costs on top (its share of a catch-up, ``DraftPlanner.expected``).
     """
+    entries = entries or [0.0] * len(offers)
     gains = sorted(((acceptance ** max(0, j - certain), j <= certain, i)
                     for i, (n, acceptance, certain) in enumerate(offers) for j in range(1, n + 1)),
                    key=lambda gain: -gain[0])[:max_drafts]  # stable: a request's drafts stay in order; forced first
     tokens = float(len(offers))
     made = [0] * len(offers)  # per request: drafts of the prefix that the drafter made
     requests = depth = 0
+    entered = 0.0  # the entries of the requests the drafter drafts for
     best, take = tokens / cost(num_rows), 0  # E / cost of the best prefix of ``gains``, and its length
     for m, (gain, certain, i) in enumerate(gains, start=1):
         tokens += gain
         if not certain:
             made[i] += 1
             requests += made[i] == 1
+            entered += entries[i] if made[i] == 1 else 0.0
             depth = max(depth, made[i])
-        rate = tokens / (cost(num_rows + m) + step_cost(requests, depth))
+        rate = tokens / (cost(num_rows + m) + step_cost(requests, depth) + entered)
         if rate >= best:
             best, take = rate, m
     counts = [0] * len(offers)

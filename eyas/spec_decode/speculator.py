@@ -164,11 +164,13 @@ class HiddenStateSpeculator(Proposer):
         ``eyas.spec_decode.catch_up``, and a step that drafts for nobody still builds its inputs), timed for the
         shipped EAGLE-3 drafter at batch 1: 0.10-0.14 on 1 thread, 0.16 on 2 (benchmarks/README.md,
         ``bench_drafters.py``); more requests add what the drafter's products, measured on this CPU, grow by
-        (``DraftCost``). An MTP step runs the target's whole head and costs about 1.35x as much, so for MTP the
-        figure is low. On CUDA its graphs make it small: 0."""
+        (``DraftCost``), and a request left out costs, when it drafts again, the products of its catch-up. An MTP
+        step runs the target's whole head and costs about 1.35x as much, so for MTP the figure is low. On CUDA its
+        graphs make it small: 0."""
         if device_type != "cpu":
             return NO_DRAFT_COST
-        return DraftCost(base=0.15, products=products(self.drafter), parallel=bool(self.drafter.parallel_depths))
+        return DraftCost(base=0.15, products=products(self.drafter), parallel=bool(self.drafter.parallel_depths),
+                         catches_up=self.catch_up is not None)
 
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]:
         groups = [KVCacheGroupSpec(f"{self.method}.{i}", (f"drafter.layers.{i}",),
