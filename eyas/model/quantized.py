@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import mmap
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from eyas.model.host_memory import host_zeros
 
 
 @dataclass(frozen=True)
@@ -105,21 +106,11 @@ class QuantWeight:
 
 class Arena:
     """One allocation that many weights are carved from: a single memory mapping, so the weights do
-    not interleave with (and pin) the heap's freed blocks; the resident set stays their size.
-
-    On Linux the mapping asks for transparent huge pages (``MADV_HUGEPAGE``; most distributions enable them only
-    where asked). A decode step streams every weight once, and on 4 KiB pages the 96 MB of the default GGUF model
-    span 24,000 of them, more than the TLB holds: on one Zen 4 thread, batch-1 decoding ran 118-120 tok/s on small
-    pages and 129-131 on huge ones (``benchmarks/README.md``). Where the kernel gives none, they are small pages, as
-    before."""
+    not interleave with (and pin) the heap's freed blocks; the resident set stays their size. It is on huge
+    pages where the OS gives them (``eyas.model.host_memory``)."""
 
     def __init__(self, nbytes: int):
-        if hasattr(mmap, "MADV_HUGEPAGE") and nbytes > 0:
-            mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # not shared: shmem has none
-            mapping.madvise(mmap.MADV_HUGEPAGE)
-            self.buffer = torch.frombuffer(mapping, dtype=torch.uint8)  # the tensor keeps the mapping alive
-        else:
-            self.buffer = torch.empty(nbytes, dtype=torch.uint8)
+        self.buffer = host_zeros((nbytes,), torch.uint8)
         self.used = 0
 
     def take(self, rows: int, row_bytes: int) -> torch.Tensor:
