@@ -135,12 +135,14 @@ def _install_gguf_weights(model: torch.nn.Module, cfg: ModelConfig, dtype: torch
 
 
 def linears_to_int8(model: torch.nn.Module) -> None:
-    """Every ``Linear`` of ``model`` whose rows are whole 32-weight blocks becomes per-output-channel int8 (a
-    tied head gets its own int8 copy)."""
-    for path, module in list(model.named_modules()):
-        if isinstance(module, Linear) and module.in_features % KERNEL_ALIGN == 0:
-            bias = None if module.bias is None else module.bias.detach()
-            model.set_submodule(path, QuantLinear([quantize_int8(module.weight)], bias))
+    """Every ``Linear`` of ``model`` whose rows are whole 32-weight blocks becomes per-output-channel int8, copied
+    into one arena (a tied head gets its own int8 copy)."""
+    linears = [(path, m) for path, m in model.named_modules()
+               if isinstance(m, Linear) and m.in_features % KERNEL_ALIGN == 0]
+    arena = Arena(sum(m.weight.numel() for _, m in linears))
+    for path, module in linears:
+        bias = None if module.bias is None else module.bias.detach()
+        model.set_submodule(path, QuantLinear([quantize_int8(module.weight, arena)], bias))
 
 
 def _install_bf16(model: torch.nn.Module, dtype: torch.dtype) -> None:

@@ -128,12 +128,14 @@ def to_bf16(weight: torch.Tensor, arena: Arena | None = None) -> QuantWeight:
     return QuantWeight(data, FORMATS["BF16"], k)
 
 
-def quantize_int8(weight: torch.Tensor) -> QuantWeight:
-    """Per-output-channel symmetric int8: scale = max|w| / 127 per row, q = round(w / scale)."""
+def quantize_int8(weight: torch.Tensor, arena: Arena | None = None) -> QuantWeight:
+    """Per-output-channel symmetric int8: scale = max|w| / 127 per row, q = round(w / scale) (in ``arena`` when
+    given)."""
     w = weight.detach().float()
     scale = w.abs().amax(dim=1) / 127
     q = torch.round(w / torch.where(scale == 0, 1.0, scale)[:, None]).clamp_(-127, 127).to(torch.int8)
-    return QuantWeight(q.view(torch.uint8).contiguous(), FORMATS["I8_ROW"], w.shape[1], scale.contiguous())
+    data = q.view(torch.uint8).contiguous() if arena is None else arena.take(*q.shape).copy_(q.view(torch.uint8))
+    return QuantWeight(data, FORMATS["I8_ROW"], w.shape[1], scale.contiguous())
 
 
 @functools.cache
