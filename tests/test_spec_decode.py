@@ -343,35 +343,39 @@ LOW_ROWS = ((1, 1.0), (2, 1.07), (4, 1.22), (8, 1.64), (16, 2.89))
 
 
 def test_draft_cost_grows_with_the_requests_drafted_for():
-    """DraftCost's formulas, written out here: base + P(2r) - P(2) + (d - 1) (P(r) - P(1)) for a chain drafter,
-    base + P(2r) - P(2) + P((d - 1) r) - P(d - 1) for a parallel one; nothing when no request drafts."""
+    """DraftCost's formulas, written out here: d base + P(2r) - P(2) + (d - 1) (P(r) - P(1)) for a chain drafter
+    (a pass a draft), (1 + [d > 1]) base + P(2r) - P(2) + P((d - 1) r) - P(d - 1) for a parallel one (the prefill,
+    then one forward of mask rows); nothing when no request drafts; a flat figure for any step that drafts."""
     from eyas.spec_decode.adaptive import DraftCost, RowCost
 
     p = RowCost(DRAFTER_PRODUCTS)
     chain, parallel, flat = DraftCost(0.15, p), DraftCost(0.15, p, parallel=True), DraftCost(0.15)
     assert chain(0, 3) == parallel(0, 3) == flat(0, 2) == chain(2, 0) == 0.0
-    for depth in (1, 2, 4):  # one request costs the timed batch-1 figure at any depth
-        assert chain(1, depth) == pytest.approx(0.15) and parallel(1, depth) == pytest.approx(0.15)
+    for depth in (1, 2, 4):  # one request: a timed batch-1 pass per pass
+        assert chain(1, depth) == pytest.approx(0.15 * depth)
+        assert parallel(1, depth) == pytest.approx(0.15 if depth == 1 else 0.30)
     assert chain(8, 1) == pytest.approx(0.15 + 0.254 - 0.065)  # the docstring's example
-    assert chain(8, 3) == pytest.approx(0.15 + 0.254 - 0.065 + 2 * (0.149 - 0.052))
-    assert parallel(8, 3) == pytest.approx(0.15 + 0.254 - 0.065 + 0.254 - 0.065)  # 16 mask rows, one pass
-    assert chain(3, 2) == pytest.approx(0.15 + (0.085 + 0.149) / 2 - 0.065 + (0.065 + 0.085) / 2 - 0.052)
+    assert chain(8, 3) == pytest.approx(0.15 + 0.254 - 0.065 + 2 * (0.15 + 0.149 - 0.052))
+    assert parallel(8, 3) == pytest.approx(0.30 + 0.254 - 0.065 + 0.254 - 0.065)  # 16 mask rows, one pass
+    assert chain(3, 2) == pytest.approx(0.30 + (0.085 + 0.149) / 2 - 0.065 + (0.065 + 0.085) / 2 - 0.052)
     assert flat(16, 4) == 0.15
 
 
 def test_a_drafter_that_costs_more_at_batch_8_drafts_less_there():
     """8 requests at acceptance 0.9 offering 3 drafts: with the flat 0.15 they verify 2 each (21.7 tokens for
-    4.14 + 0.15 beat 8 for 1.64), with the cost grown to 8 requests none (4.14 + 0.44 does not); at batch 1 and 4
-    both agree."""
+    4.14 + 0.15 beat 8 for 1.64), with the cost grown to 8 requests none. At batch 1 both verify 3 (3.44 tokens
+    for 1.22 + 0.45 with the grown cost); at batch 4 the flat cost takes 3 each, the grown one 1 each (7.6 tokens
+    for 1.64 + 0.234 beat 10.84 for 2.265 + 0.417 and 13.76 for 2.89 + 0.60: every pass of the chain costs)."""
     from eyas.spec_decode.adaptive import DraftCost, RowCost, allocate_drafts
 
     target, p = RowCost(LOW_ROWS), RowCost(DRAFTER_PRODUCTS)
     flat, grown = DraftCost(0.15), DraftCost(0.15, p)
     assert allocate_drafts([(3, 0.9, 0)] * 8, 8, target, 64, flat) == [2] * 8
     assert allocate_drafts([(3, 0.9, 0)] * 8, 8, target, 64, grown) == [0] * 8
-    for batch in (1, 4):
-        assert allocate_drafts([(3, 0.9, 0)] * batch, batch, target, 64, flat) == [3] * batch
-        assert allocate_drafts([(3, 0.9, 0)] * batch, batch, target, 64, grown) == [3] * batch
+    assert allocate_drafts([(3, 0.9, 0)], 1, target, 64, flat) == allocate_drafts([(3, 0.9, 0)], 1, target, 64,
+                                                                                   grown) == [3]
+    assert allocate_drafts([(3, 0.9, 0)] * 4, 4, target, 64, flat) == [3] * 4
+    assert allocate_drafts([(3, 0.9, 0)] * 4, 4, target, 64, grown) == [1] * 4
 
 
 def test_adaptive_drafting_backs_off_when_drafts_are_useless(spec_models, monkeypatch):

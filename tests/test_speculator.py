@@ -136,7 +136,7 @@ def _record_drafts(llm, proposer=None) -> dict:
                 seen["skipped"] += 1
                 continue
             emitted = inp.emitted[r, :int(inp.num_emitted[r])].tolist()
-            record = (inp.token_ids[r] + emitted, out.draft_token_ids[r].tolist())
+            record = (inp.token_ids[r] + emitted, out.draft_token_ids[r, :int(out.num_drafts[r])].tolist())
             seen["records"].append(record)
             if batch is not None and inp.request_ids[r] in drafted:
                 i = batch.requests.index(b)
@@ -239,21 +239,22 @@ def test_requests_draft_again_after_skipped_steps_batch_1_and_8_with_preemption(
             assert [o.outputs[0].token_ids for o in outs] == want and preemptions > 0
         assert seen["skipped"] > 0
         compared = [(drafts, oracle[tuple(tokens)]) for tokens, drafts in seen["caught_up"] if tuple(tokens) in oracle]
-        assert len(compared) >= 3 and all(got == expected for got, expected in compared)
+        assert len(compared) >= 3 and all(got == expected[:len(got)] for got, expected in compared)  # a chain cut short
 
 
 def test_a_drafter_the_cost_model_rejects_at_batch_16_never_runs_its_head(drafters):
-    """At batch 16 with the CPU costs (rows 0.07, the drafter's step 0.35), drafts at the prior acceptance do not
-    pay: the scheduler tells every request 0 and the EAGLE-3 drafter skips its prefill, head and decode steps;
-    output equals plain greedy. Alone, it drafts."""
+    """At batch 16 with the CPU costs (rows 0.07, the drafter's pass 0.15 and its measured growth), drafts at the
+    prior acceptance do not pay: the scheduler tells every request 0 and the EAGLE-3 drafter skips its prefill, head
+    and decode steps; output equals plain greedy. Alone, it drafts."""
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     prompts = _prompts(8) + _prompts(8, seed=1)
     plain = LLM(str(drafters.target), dtype="float32", max_model_len=256, kv_cache_gb=0.05)
     want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
     # the row cost fixed at the docstring's 0.07, not this machine's measured curve; the step's cost is the drafter's own
     llm = _llm(drafters, "eagle3", spec_over={"draft_step_cost": None, "draft_row_cost": 0.07})
-    step_cost = llm.engine.scheduler.drafts.step_cost  # 0.15 at one request, grown by the measured products
-    assert step_cost(1, 2) == 0.15 and step_cost.products is not None and step_cost(16, 2) > step_cost(8, 2) > 0.15
+    step_cost = llm.engine.scheduler.drafts.step_cost  # 0.15 a pass at one request, grown by the measured products
+    assert step_cost(1, 2) == pytest.approx(0.30) and step_cost.products is not None
+    assert step_cost(16, 2) > step_cost(8, 2) > 0.30
     proposer = llm.engine.runner.proposer
     calls = {"propose": 0, "prefill": 0, "head": 0, "decode": 0}
 
@@ -274,7 +275,7 @@ def test_a_drafter_the_cost_model_rejects_at_batch_16_never_runs_its_head(drafte
     assert [o.outputs[0].token_ids for o in outs] == want
     assert calls == {"propose": 16, "prefill": 0, "head": 0, "decode": 0}  # one call a step, nothing run
     llm.generate(prompts[:1], params, use_tqdm=False)
-    assert calls["head"] > 0 and calls["decode"] > 0
+    assert calls["prefill"] > 0 and calls["head"] > 0  # alone it drafts (as deep as it expects to verify)
 
 
 def test_prompts_cost_the_drafter_nothing_until_their_request_drafts(drafters):
@@ -417,7 +418,9 @@ def test_graph_layout_run_eagerly_proposes_the_eager_drafts(drafters, case):
     prefill_sizes = {size for label, size, _, _ in keys if label == "prefill"}
     assert {1, 2, 4, 8} <= prefill_sizes  # 7, 5, 3 requests decoding were padded up
     labels = {label for label, *_ in keys}
-    assert labels >= {"prefill", "parallel"} if case == "peagle" else labels >= {"prefill", "decode.0"}
+    # a chain stops where the scheduler expects to stop verifying: mtp_2's second step layer may be all it runs
+    decodes = {label for label in labels if label.startswith("decode.")}
+    assert labels >= {"prefill", "parallel"} if case == "peagle" else "prefill" in labels and decodes
 
 
 @needs_cuda

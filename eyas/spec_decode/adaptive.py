@@ -192,19 +192,25 @@ class DraftCost:
     drafts for (r) and the most drafts one of them gets (d); ``s(0, d) = 0``: a drafter that leaves out the requests
     told 0 costs nothing when every request is (``eyas.spec_decode.catch_up``).
 
-    ``base`` is what drafting for one request costs, timed end to end at batch 1 (draft prefill, head, decode steps,
-    Python). ``products`` is the drafter's own matrix products by rows, in one-row target forwards, measured on this
-    machine (``eyas.runner.row_cost.measured_draft_products``); more requests add their growth: a draft prefill of
-    about 2 rows a request (the verified token and an accepted draft), then for a chain drafter d - 1 decode passes
-    of r rows, for a parallel one a single forward of (d - 1) r mask rows::
+    ``base`` is what one pass of the drafter costs for one request, timed end to end at batch 1 (its forward, head,
+    sampling, Python): a chain drafter makes d drafts in d passes (the draft prefill, then d - 1 decode steps), a
+    parallel one in at most 2 (the prefill, then one forward of mask rows). ``products`` is the drafter's own matrix
+    products by rows, in one-row target forwards, measured on this machine
+    (``eyas.runner.row_cost.measured_draft_products``); more requests add their growth: a draft prefill of about 2
+    rows a request (the verified token and an accepted draft), then for a chain drafter d - 1 decode passes of r
+    rows, for a parallel one a single forward of (d - 1) r mask rows::
 
-        s(r, d) = base + P(2r) - P(2) + (d - 1) (P(r) - P(1))       chain
-        s(r, d) = base + P(2r) - P(2) + P((d - 1) r) - P(d - 1)    parallel
+        s(r, d) = d base + P(2r) - P(2) + (d - 1) (P(r) - P(1))                    chain
+        s(r, d) = (1 + [d > 1]) base + P(2r) - P(2) + P((d - 1) r) - P(d - 1)     parallel
 
-    Without ``products`` (CUDA, a user's ``draft_step_cost``) s is ``base`` for any r > 0. Example (the shipped EAGLE-3
-    drafter on one thread of an Emerald Rapids Xeon: P(1) = 0.052, P(2) = 0.065, P(8) = 0.149, P(16) = 0.254): one
-    request costs 0.15 at any depth, 8 requests at depth 1 cost 0.15 + 0.254 - 0.065 = 0.34, at depth 3 another
-    2 (0.149 - 0.052) = 0.19. The flat 0.15 this replaces let EAGLE-3 draft at batch 8 where its drafts did not pay.
+    Without ``products`` (CUDA, a user's ``draft_step_cost``) s is ``base`` for any r > 0 and d > 0: a flat figure
+    for a whole step. Example (the shipped EAGLE-3 drafter on one thread of an Emerald Rapids Xeon: base 0.15, P(1) =
+    0.052, P(2) = 0.065, P(8) = 0.149, P(16) = 0.254): one request costs 0.15 at depth 1 and 0.45 at depth 3 (on a
+    Zen 4 thread three passes took 3.5-3.7 ms beside a decode step of 8.4: 0.42-0.44), 8 requests at depth 1 cost
+    0.15 + 0.254 - 0.065 = 0.34, at depth 3 another 2 (0.15 + 0.149 - 0.052) = 0.49. Until 2026-11-29 a chain's
+    d - 1 decode passes were left out at one request (0.15 at any depth), and EAGLE-3 verified 3 drafts a step at
+    batch 1 on the Zen 4 host, where they made it 0.97-1.00x (``benchmarks/README.md``); the flat 0.15 before that
+    let it draft at batch 8 where its drafts did not pay.
     """
 
     base: float = 0.0
@@ -224,9 +230,11 @@ class DraftCost:
         if self.products is None:
             return self.base
         p = self.products
-        passes = (p((depth - 1) * requests) - p(depth - 1) if self.parallel
-                  else (depth - 1) * (p(requests) - p(1)))
-        return self.base + (p(2 * requests) - p(2)) + passes  # exactly base at one request
+        if self.parallel:
+            later = (depth > 1) * self.base + p((depth - 1) * requests) - p(depth - 1)
+        else:
+            later = (depth - 1) * (self.base + p(requests) - p(1))
+        return self.base + (p(2 * requests) - p(2)) + later  # d base (chain) at one request
 
 
 NO_DRAFT_COST = DraftCost()  # a proposer whose drafting is cheap, or that drafts whatever it is told

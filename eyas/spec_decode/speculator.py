@@ -16,9 +16,11 @@ Every step, right after verification and before any device-to-host copy:
    feedback hidden state, using step layer ``j % num_step_layers``. Positions advance one per
    step unless the drafter declares otherwise; a drafter whose positions stay put overwrites its
    entry at the last position, which is restored afterwards, so later steps see the prefill's.
+   Where the scheduler expects to verify fewer than k drafts of every request this step drafts for
+   (``ProposerInput.expected_drafts``), the chain stops at the most it expects: each pass costs (``DraftCost``).
 
    A parallel drafter (``Drafter.parallel_depths`` > 0, ``parallel_drafting: true``) instead runs ONE
-   forward of k-1 mask rows per request at the positions after the first draft's row (P-EAGLE), on the
+   forward of k-1 mask rows (as few) per request at the positions after the first draft's row (P-EAGLE), on the
    same uniform padded layout and CUDA graphs as the decode steps.
 
 Example (EAGLE-3, k = 3): history x0..x4, layout [x4, d5, d6] at positions 4..6, verification
@@ -159,12 +161,14 @@ class HiddenStateSpeculator(Proposer):
                              f"drafter was trained for (parallel_drafting_depths in {config_file})")
 
     def step_cost(self, device_type: str, products: Callable[[torch.nn.Module], RowCost]) -> DraftCost:
-        """On a CPU: at one request, what leaving every request out of a step saves, in one-row forwards of the
-        target (not the whole draft step, since a left-out request's rows are caught up later,
+        """On a CPU: at one request, what leaving every request out of a step saves per drafter pass, in one-row
+        forwards of the target (not the whole draft step, since a left-out request's rows are caught up later,
         ``eyas.spec_decode.catch_up``, and a step that drafts for nobody still builds its inputs), timed for the
-        shipped EAGLE-3 drafter at batch 1: 0.10-0.14 on 1 thread, 0.16 on 2 (benchmarks/README.md,
-        ``bench_drafters.py``); more requests add what the drafter's products, measured on this CPU, grow by
-        (``DraftCost``), and a request left out costs, when it drafts again, the products of its catch-up. An MTP
+        shipped EAGLE-3 drafter at batch 1 (``bench_drafters.py``'s "draft step / decode": a step's time in the
+        proposer over k): 0.10-0.14 on 1 thread, 0.16 on 2 on a Xeon, 0.15-0.16 on a Zen 4 thread
+        (benchmarks/README.md); a chain of d drafts runs d passes, more requests add what the drafter's products,
+        measured on this CPU, grow by (``DraftCost``), and a request left out costs, when it drafts again, the
+        products of its catch-up. An MTP
         step runs the target's whole head and costs about 1.35x as much, so for MTP the figure is low. On CUDA its
         graphs make it small: 0."""
         if device_type != "cpu":
@@ -229,19 +233,21 @@ class HiddenStateSpeculator(Proposer):
         sub = inp.rows(drafting) if len(drafting) < num_rows else inp
         slot = {b: i for i, b in enumerate(batch.requests)}
         index = torch.tensor([slot[b] for b in sub.sample_rows])  # [R'] each drafting row's request in the batch
+        # as deep as the scheduler expects to verify: each draft past the first is a pass (DraftCost)
+        depth = min(self.k, max(inp.expected_drafts[r] for r in drafting))
         drafts, probs = self._chain(sub, logits_hidden, feedback, batch.query_start_loc[1:][index],
-                                    [t[index] for t in tables])
-        if len(drafting) == num_rows:
-            return ProposerOutput(drafts, out.num_drafts.fill_(self.k), probs)
+                                    [t[index] for t in tables], depth)  # [R', depth], [R', depth, V] or None
         rows = torch.tensor(drafting, device=dev)
-        out.draft_token_ids[rows], out.num_drafts[rows] = drafts, self.k
+        out.draft_token_ids[rows, :depth], out.num_drafts[rows] = drafts, depth
         if probs is not None:
-            out.draft_probs = probs.new_zeros(num_rows, *probs.shape[1:]).index_copy_(0, rows, probs)
+            out.draft_probs = probs.new_zeros(num_rows, self.k, probs.shape[-1])
+            out.draft_probs[rows, :depth] = probs
         return out
 
     def _chain(self, inp: ProposerInput, logits_hidden: torch.Tensor, feedback: torch.Tensor, row_end: torch.Tensor,
-               tables: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The k drafts of every row of ``inp`` -> (tokens [R, k], draft probabilities [R, k, V] or None).
+               tables: list[torch.Tensor], depth: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The first ``depth`` (<= k) drafts of every row of ``inp`` -> (tokens [R, depth], draft probabilities
+        [R, depth, V] or None).
 
         ``row_end`` [R] (host): the end of each row's prefill query; ``tables`` [R, blocks] per step layer."""
         dev, drafter = self.device, self.drafter
@@ -257,14 +263,15 @@ class HiddenStateSpeculator(Proposer):
         pos = first_draft_pos - 2  # [R] the drafter position of that row
         tables = [t.to(dev) for t in tables]
         if drafter.parallel_depths:
-            drafts += self._parallel(sampler, pos, first_draft_pos, tables)
+            drafts += self._parallel(sampler, pos, first_draft_pos, tables, depth)
         else:
-            drafts += self._decode(sampler, x, feedback, pos, first_draft_pos, tables)
+            drafts += self._decode(sampler, x, feedback, pos, first_draft_pos, tables, depth)
         return torch.stack(drafts, dim=1), sampler.draft_probs()
 
     def _decode(self, sampler: DraftSampler, x: torch.Tensor, feedback: torch.Tensor, pos: torch.Tensor,
-                first_draft_pos: torch.Tensor, tables: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Drafts 2..k of a chain drafter: k-1 single-token steps, each fed the previous draft and feedback."""
+                first_draft_pos: torch.Tensor, tables: list[torch.Tensor], depth: int) -> list[torch.Tensor]:
+        """Drafts 2..depth of a chain drafter: depth-1 single-token steps, each fed the previous draft and
+        feedback."""
         drafter, dev, num_rows = self.drafter, self.device, len(x)
         saved = None if drafter.advances_positions else self._entries(tables, pos)
         # draft decode over rows padded to the graph's batch size (padding rows write the null block)
@@ -275,7 +282,7 @@ class HiddenStateSpeculator(Proposer):
         feedback_in = feedback.new_zeros(size, feedback.shape[1])
         tables_in = [pad_table(t, size, blocks) for t in tables]
         drafts = []
-        for j in range(1, self.k):
+        for j in range(1, depth):
             if drafter.advances_positions:
                 pos = pos + 1
             x_in[:num_rows], pos_in[:num_rows], feedback_in[:num_rows] = x, pos, feedback
@@ -292,11 +299,12 @@ class HiddenStateSpeculator(Proposer):
         return drafts
 
     def _parallel(self, sampler: DraftSampler, anchor: torch.Tensor, first_draft_pos: torch.Tensor,
-                  tables: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Drafts 2..k of a parallel drafter: one forward of k-1 mask rows per request at positions ``anchor + 1
-        .. anchor + k-1`` (``anchor`` [R]: the position of the row that gave draft 1), on the uniform layout
-        padded to the graph's batch size. Depth d's draft is sampled at sequence position first_draft_pos + d."""
-        num_rows, width, dev = len(anchor), self.k - 1, self.device
+                  tables: list[torch.Tensor], depth: int) -> list[torch.Tensor]:
+        """Drafts 2..depth of a parallel drafter: one forward of depth-1 mask rows per request at positions
+        ``anchor + 1 .. anchor + depth-1`` (``anchor`` [R]: the position of the row that gave draft 1), on the
+        uniform layout padded to the graph's batch size. Depth d's draft is sampled at sequence position
+        first_draft_pos + d."""
+        num_rows, width, dev = len(anchor), depth - 1, self.device
         if width == 0:
             return []
         size, blocks = self.layout_forward.padded(num_rows, tables[0].shape[1])
