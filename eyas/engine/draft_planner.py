@@ -108,7 +108,10 @@ class DraftPlanner:
     def left_out(self, scheduled: list, expected: dict[str, int]) -> None:
         """After ``expected`` told the drafter which requests to draft for this step: those it drafts for are
         caught up; every other scheduled request falls behind by the committed tokens it computes (a prompt
-        chunk, or its last token; the drafts it verifies may be rejected)."""
+        chunk, or its last token; the drafts it verifies may be rejected). Counted only for a drafter that
+        catches up (``DraftCost.catches_up``): for any other, ``behind`` prices nothing."""
+        if not self.step_cost.catches_up:
+            return
         for entry in scheduled:
             record = self._record(entry.request.request_id)
             told = expected.get(entry.request.request_id, 0)

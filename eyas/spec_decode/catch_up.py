@@ -26,9 +26,9 @@ Example: request A decodes with one draft a step and is told 0 at the steps whos
 40, 41 and 42 (the last committed token; its drafts were dropped): nothing runs for it, and the bits of
 positions 40.. are cleared. At the step whose layout starts at 43 (x43, then its draft) it is told 1: its
 prefill query covers positions 40..44, rows 40..42 from the store with tokens x41..x43 from its history, rows
-43..44 from the layout. Request B, admitted with a prompt of 300 tokens whose first 256 the prefix cache held
-from a request that never drafted, prefills its last 44 in a step without drafting; when its first sampling
-row drafts, its query covers positions 0..299.
+43..44 from the layout. Request B is admitted with a prompt of 300 tokens whose first 256 the prefix cache held
+from a request that never drafted; the step that computes its last 44 samples its first token, and if it is
+told to draft then, its query covers positions 0..299: 256 rows from the store, 44 from the layout.
 
 Cost: the store holds the drafter's input of every token, ``len(aux_layer_ids) * hidden`` values for EAGLE-3
 (``hidden`` for EAGLE-1 and MTP): on SmolLM2-135M in float32, 6,912 bytes a token beside the target's 46,080

@@ -168,9 +168,8 @@ class HiddenStateSpeculator(Proposer):
         proposer over k): 0.10-0.14 on 1 thread, 0.16 on 2 on a Xeon, 0.15-0.16 on a Zen 4 thread
         (benchmarks/README.md); a chain of d drafts runs d passes, more requests add what the drafter's products,
         measured on this CPU, grow by (``DraftCost``), and a request left out costs, when it drafts again, the
-        products of its catch-up. An MTP
-        step runs the target's whole head and costs about 1.35x as much, so for MTP the figure is low. On CUDA its
-        graphs make it small: 0."""
+        products of its catch-up. An MTP step runs the target's whole head and costs about 1.35x as much, so for
+        MTP the figure is low. On CUDA its graphs make it small: 0."""
         if device_type != "cpu":
             return NO_DRAFT_COST
         return DraftCost(base=0.15, products=products(self.drafter), parallel=bool(self.drafter.parallel_depths),
@@ -237,6 +236,8 @@ class HiddenStateSpeculator(Proposer):
         depth = min(self.k, max(inp.expected_drafts[r] for r in drafting))
         drafts, probs = self._chain(sub, logits_hidden, feedback, batch.query_start_loc[1:][index],
                                     [t[index] for t in tables], depth)  # [R', depth], [R', depth, V] or None
+        if len(drafting) == num_rows and depth == self.k:  # every row, every draft: nothing to scatter
+            return ProposerOutput(drafts, out.num_drafts.fill_(depth), probs)
         rows = torch.tensor(drafting, device=dev)
         out.draft_token_ids[rows, :depth], out.num_drafts[rows] = drafts, depth
         if probs is not None:
