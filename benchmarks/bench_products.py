@@ -7,7 +7,8 @@ Every ``QuantLinear`` of the GGUF model in forward order, once per pass, on rand
 row counts interleaved for ``--rounds`` rounds and the fastest pass of each kept. Time is the thread's CPU time
 (``time.thread_time``): on a machine shared with other jobs a pass is then not charged for the time its core ran
 something else, while waiting on memory still counts. "low" is set the way the engine sets it (q/k/v products on
-float32, the other Q4_0 / Q4_1 / Q8_0 weights interleaved). The decode step: an engine at that precision generates
+activations split in two int8 rows, the Q4_0 / Q4_1 / Q8_0 weights interleaved). A second table splits each pass by
+kind of product (q/k/v, o, gate/up, down, LM head). The decode step: an engine at that precision generates
 1 and 33 tokens greedily from the same 64-token prompt, and a step is the difference over 32, by CPU time too.
 
     python benchmarks/bench_products.py [--precisions highest,medium,low] [--rounds 7]
@@ -55,15 +56,15 @@ def main(argv=None) -> int:
     print(cpu_line() + "; 1 thread; q8_gemm.c's integer products: " + Q.dot_products())
     model = LLM(None, quantization="gguf", matmul_precision="highest", max_model_len=128,
                 kv_cache_gb=0.02).engine.runner.model
-    products = [m for m in model.modules() if isinstance(m, Q.QuantLinear)]
-    nbytes = sum(p.data.numel() for m in products for p in m.parts)
+    products = [(name, m) for name, m in model.named_modules() if isinstance(m, Q.QuantLinear)]
+    nbytes = sum(p.data.numel() for _, m in products for p in m.parts)
     generator = torch.Generator().manual_seed(0)
-    inputs = {n: {k: torch.randn(n, k, generator=generator) for k in {m.in_features for m in products}} for n in ROWS}
+    inputs = {n: {k: torch.randn(n, k, generator=generator) for k in {m.in_features for _, m in products}} for n in ROWS}
     bandwidth = read_bandwidth_gbs(1, clock=time.thread_time)
     print(f"weight bytes of a pass: {nbytes / 1e6:.1f} MB; one-thread read bandwidth (CPU time): {bandwidth:.1f} GB/s")
     engines = {p: LLM(None, quantization="gguf", matmul_precision=p, num_threads=1, max_model_len=128,
                       kv_cache_gb=0.02, enable_prefix_caching=False) for p in precisions}
-    best = {}
+    best, by_kind = {}, {}  # (precision, rows) -> the fastest pass's seconds; that pass's seconds per kind of product
     with torch.inference_mode():
         for _ in range(args.rounds):
             for precision in precisions:
@@ -71,11 +72,15 @@ def main(argv=None) -> int:
                                               decode_step(engines[precision]))
                 set_matmul_precision(model, precision)
                 for n in ROWS:
-                    calls = [(m, inputs[n][m.in_features]) for m in products]
-                    start = time.thread_time()
-                    for m, x in calls:
+                    spent = {}
+                    for name, m in products:
+                        x = inputs[n][m.in_features]
+                        start = time.thread_time()
                         m(x)
-                    best[precision, n] = min(best.get((precision, n), float("inf")), time.thread_time() - start)
+                        kind = name.rsplit(".", 1)[-1]
+                        spent[kind] = spent.get(kind, 0.0) + time.thread_time() - start
+                    if sum(spent.values()) < best.get((precision, n), float("inf")):
+                        best[precision, n], by_kind[precision, n] = sum(spent.values()), spent
     print("\n| precision | " + " | ".join(f"{n} row{'s' * (n > 1)}" for n in ROWS)
           + " | highest / this at " + ", ".join(map(str, ROWS)) + " | 1 row: GB/s, of bandwidth "
           + "| decode step (products' share) |")
@@ -88,6 +93,17 @@ def main(argv=None) -> int:
         step = best[precision, "step"]
         print(f"| {precision} | " + " | ".join(cells) + f" | {vs} | {rate:.1f}, {rate / bandwidth:.0%} "
               f"| {step * 1e3:.2f} ms ({times[0] / step:.0%}) |")
+    kinds = list(by_kind[precisions[0], 1])
+    weight_mb = {k: sum(p.data.numel() for name, m in products if name.endswith(k) for p in m.parts) / 1e6 for k in kinds}
+    print("\nBy kind of product, the fastest pass's ms (share of the pass); weight MB beside each kind:")
+    print("| precision | rows | " + " | ".join(f"{k} ({weight_mb[k]:.1f} MB)" for k in kinds) + " |")
+    print("| --- " * (len(kinds) + 2) + "|")
+    for precision in precisions:
+        for n in ROWS:
+            spent = by_kind[precision, n]
+            total = sum(spent.values())
+            print(f"| {precision} | {n} | " + " | ".join(f"{spent[k] * 1e3:.2f} ({spent[k] / total:.0%})" for k in kinds)
+                  + " |")
     return 0
 
 

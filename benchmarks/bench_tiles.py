@@ -2,7 +2,7 @@
 against its "vnni512" build (vpdpbusd only), in one process on one thread, on the default model.
 
 - Products: every integer product of the model's "low" forward (the interleaved Q4_1 layers and the Q8_0 head;
-  q/k/v stay float32 and are left out), called directly on random activations at each ``--rows``; the builds
+  q/k/v, which the engine calls with each row split in two, here as plain int8 rows), called directly on random activations at each ``--rows``; the builds
   and row counts interleaved for ``--rounds`` rounds, the fastest pass of each by the thread's CPU time. The two
   builds' outputs are checked equal bit for bit first.
 - Prefill: one engine per build (``num_threads=1``, no prefix cache), the same ``--prompts`` held-out chat

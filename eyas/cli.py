@@ -23,7 +23,7 @@ def _engine_args(parser: argparse.ArgumentParser, speculative: bool = True) -> N
     g.add_argument("--matmul-precision", default="auto", choices=["auto", "highest", "medium", "low"],
                    help="products of the CPU weight formats: highest = float32; medium = activations and weights "
                         "rounded to bfloat16, float32 sums (CPUs with AVX512-BF16; faster past a few rows); "
-                        "low = activations quantized to int8 per block of 32 (q/k/v: float32), integer dot "
+                        "low = activations quantized to int8 per block of 32 (q/k/v: two int8 terms), integer dot "
                         "products (VNNI), as llama.cpp; auto = low for a Q4_0/Q4_1/Q8_0 GGUF on a CPU with VNNI, "
                         "else medium where the CPU's bf16 dot products outrun its float32 FMAs, else highest")
     g.add_argument("--max-model-len", type=int, default=None)

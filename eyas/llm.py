@@ -55,7 +55,8 @@ class LLM:
     weights to bfloat16 and sum in float32 (AVX512-BF16 CPUs; about 1.6x faster past a few rows, outputs within
     bf16 rounding), as ``torch.set_float32_matmul_precision("medium")`` allows; ``"low"``: activations quantized
     to int8 per block of 32 and integer dot products on the weights' own integers (llama.cpp's arithmetic; the
-    q/k/v products and F16 / BF16 weights keep float32 products), see docs/cpu-weights.md; ``"auto"`` (default): low
+    q/k/v products take each block as two int8 terms, nearly float32, and F16 / BF16 weights keep float32
+    products), see docs/cpu-weights.md; ``"auto"`` (default): low
     for a GGUF of Q4_0 / Q4_1 / Q8_0 matrices on a CPU with VNNI (closer to float32 than llama.cpp and the fastest,
     as measured), else medium where the CPU's bf16 dot products outrun its float32 FMAs (as vLLM's CPU backend
     multiplies in bfloat16), else highest. Logged beside the weights.

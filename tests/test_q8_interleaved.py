@@ -71,6 +71,10 @@ def test_interleaved_products_equal_the_row_products_bit_for_bit(fmt):
             for m in (*range(1, 10), 16, 17, 24):
                 xm = x[:m, :k].contiguous()
                 assert torch.equal(_run(kernel, xm, interleaved), _run(kernel, xm, rows)), (build, n, k, m)
+            split = Q.q8_kernel(*build, True)  # two rows of x each: 2 .. 48 rows
+            for m in (1, 4, 8, 9, 24):
+                xm = x[:m, :k].contiguous()
+                assert torch.equal(_run(split, xm, interleaved), _run(split, xm, rows)), (build, n, k, m)
 
 
 @pytest.mark.skipif(not kernels.variant_supported("amx"), reason="no AMX-INT8 on this CPU")
@@ -94,6 +98,10 @@ def test_amx_tiles_give_the_bits_of_vpdpbusd(fmt):
         for m in (rows - 1, rows, 17, 31, 32, 69, 200, 300):
             xm = x[:m, :k].contiguous()
             assert torch.equal(_run(amx, xm, weight), _run(vnni, xm, weight)), (n, k, m)
+        for m in (7, 8, 9, 150):  # split: 2m rows of x
+            xm = x[:m, :k].contiguous()
+            assert torch.equal(_run(Q.q8_kernel("avx512", "amx", True), xm, weight),
+                               _run(Q.q8_kernel("avx512", "vnni512", True), xm, weight)), (n, k, m)
 
 
 def test_the_tied_embedding_reads_the_interleaved_head_and_highest_gets_the_rows_back():

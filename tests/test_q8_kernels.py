@@ -26,20 +26,36 @@ def weight_of(fmt: str, n: int, k: int, seed: int = 0) -> tuple[Q.QuantWeight, n
     return random_weight(fmt, n, k, seed)
 
 
-def quantize_reference(x: torch.Tensor) -> np.ndarray:
-    """x [M, K] as the kernel quantizes it, written from the definition: per block of 32, d = max|x| / 127 and
-    q = round-half-even(x * (1 / d)), in float32 -> the float64 values d * q."""
-    b = x.numpy().astype(np.float32).reshape(x.shape[0], -1, 32)
+def quantize_blocks(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x [M, K] float32 as the kernel quantizes it, written from the definition: per block of 32, d = max|x| / 127
+    and q = round-half-even(x * (1 / d)), in float32 -> (d [M, K / 32, 1], q [M, K / 32, 32]), both float32."""
+    b = x.astype(np.float32).reshape(x.shape[0], -1, 32)
     d = np.abs(b).max(axis=2, keepdims=True) / np.float32(127)
     inv = np.where(d != 0, np.float32(1) / np.where(d == 0, 1, d), np.float32(0)).astype(np.float32)
     q = np.rint(b * inv)
     assert np.abs(q).max() <= 127
+    return d, q
+
+
+def quantize_reference(x: torch.Tensor) -> np.ndarray:
+    """x [M, K] quantized (``quantize_blocks``) -> the float64 values d * q."""
+    d, q = quantize_blocks(x.numpy())
     return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
 
 
-def product(x: torch.Tensor, weight: Q.QuantWeight, precision: str = "low") -> torch.Tensor:
+def split_reference(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """x [M, K] as the split product quantizes it, from the definition: its blocks (``quantize_blocks``) and what
+    they leave, r = x - d * q in float32 (the product and the difference each rounded), quantized the same way ->
+    the float64 values of both parts."""
+    d, q = quantize_blocks(x.numpy())
+    r = x.numpy().astype(np.float32).reshape(q.shape) - d * q  # float32 throughout, as the kernel
+    dr, qr = quantize_blocks(r.reshape(x.shape))
+    return ((q.astype(np.float64) * d).reshape(x.shape), (qr.astype(np.float64) * dr).reshape(x.shape))
+
+
+def product(x: torch.Tensor, weight: Q.QuantWeight, precision: str = "low", split: bool = False) -> torch.Tensor:
     linear = Q.QuantLinear([weight])
-    linear.set_matmul_precision(precision)
+    linear.set_matmul_precision(precision, split=split)
     return linear(x)
 
 
@@ -65,24 +81,48 @@ def test_products_match_float64_reference_of_the_quantized_activations(fmt):
 
 
 @pytest.mark.parametrize("fmt", INTEGER_FORMATS)
-def test_row_results_do_not_depend_on_batch_rows_or_threads(fmt):
+def test_split_products_match_float64_reference_of_both_quantized_parts(fmt):
+    """Split activations (the attention's q/k/v at "low"): each row is the sum of two products in the order above,
+    its int8 blocks' and its residual's, so within float32 rounding of the float64 product of both parts; and x is
+    then exact to about 2^-16 of each block's max, a hundred times closer than one int8 row."""
+    k = 768 if fmt in ("Q4_K", "Q5_K", "Q6_K") else 576
+    weight, w = weight_of(fmt, 37, k)
+    w = w.astype(np.float64)
+    x = torch.randn(24, k, generator=torch.Generator().manual_seed(1))
+    x[0, :32] = 0  # an all-zero block: both parts' scales 0
+    x[1, 32:64] = 0.5  # a constant block: exact in one int8 row, the residual all zero
+    a, b = split_reference(x)
+    assert not b[1, 32:64].any()
+    ref, scale = (a + b) @ w.T, (np.abs(a) + np.abs(b)) @ np.abs(w).T
+    for m in (1, 2, 5, 8, 9, 24):
+        out = product(x[:m].contiguous(), weight, split=True).double().numpy()
+        assert (np.abs(out - ref[:m]) <= 4e-6 * scale[:m] + 1e-30).all(), m
+    exact = x.double().numpy() @ w.T
+    one_row = quantize_reference(x) @ w.T
+    assert np.abs(ref - exact).max() <= np.abs(one_row - exact).max() / 100
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["int8", "split"])
+@pytest.mark.parametrize("fmt", INTEGER_FORMATS)
+def test_row_results_do_not_depend_on_batch_rows_or_threads(fmt, split):
     weight, _ = weight_of(fmt, 45, 512)
     x = torch.randn(40, 512, generator=torch.Generator().manual_seed(3))
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        full = product(x, weight)
+        full = product(x, weight, split=split)
         torch.set_num_threads(1)
-        assert torch.equal(product(x, weight), full)
+        assert torch.equal(product(x, weight, split=split), full)
     finally:
         torch.set_num_threads(threads)
     for i in (0, 1, 7, 39):
-        assert torch.equal(product(x[i:i + 1].contiguous(), weight), full[i:i + 1])
-        assert torch.equal(product(x[i - 1 if i else 0:i + 4].contiguous(), weight)[1 if i else 0], full[i])
+        assert torch.equal(product(x[i:i + 1].contiguous(), weight, split=split), full[i:i + 1])
+        assert torch.equal(product(x[i - 1 if i else 0:i + 4].contiguous(), weight, split=split)[1 if i else 0],
+                           full[i])
     weight, _ = weight_of(fmt, 45, 512)  # in GGUF row order again ("low" interleaves Q4_0 / Q4_1 / Q8_0 in place)
     rows = Q.QuantLinear([Q.QuantWeight(weight.data[5:17].contiguous(), weight.fmt, 512,
                                         None if weight.scale is None else weight.scale[5:17].contiguous())])
-    rows.set_matmul_precision("low")
+    rows.set_matmul_precision("low", split=split)
     assert torch.equal(rows(x), full[:, 5:17])  # a row's result does not depend on the weight's other rows
 
 
@@ -113,9 +153,10 @@ def test_every_instruction_set_build_gives_the_same_bits():
     x = torch.randn(9, 768, generator=torch.Generator().manual_seed(5)) * 3
     for fmt in INTEGER_FORMATS:
         weight, _ = weight_of(fmt, 19, 768, seed=2)
-        results = {b: _run(Q.q8_kernel(*b), x, weight) for b in builds}
-        first = results[builds[0]]
-        assert all(torch.equal(r, first) for r in results.values()), (fmt, builds)
+        for split in (False, True):
+            results = {b: _run(Q.q8_kernel(*b, split), x, weight) for b in builds}
+            first = results[builds[0]]
+            assert all(torch.equal(r, first) for r in results.values()), (fmt, split, builds)
 
 
 def test_the_engine_takes_the_vnni_build_where_the_cpu_has_it():

@@ -6,8 +6,11 @@
    multiply: the call returns -2 for them and the caller keeps them on quant_gemm.c.
 
    Activations, per block b of 32 (quantize_row): dx = max|x| / 127, qx = rint(x / dx) (nearest even), and
-   sx = sum(qx), so the block is dx * qx. Weights, per sub-block of 32: canonical int8 integers w with a float scale
-   sw and offset ow, the weight being sw * w + ow (unpack_row):
+   sx = sum(qx), so the block is dx * qx. Split (eyas_q8_gemm_split, the attention's q/k/v): a row goes in as two
+   such rows, its blocks and what they leave (r = x - dx * qx, quantized by the same rule), and its output is the
+   two rows' outputs summed, one rounding: activations exact to about 2^-16 of a block's max, not 2^-8.
+   Weights, per sub-block of 32: canonical int8 integers w with a float scale sw and offset ow, the weight being
+   sw * w + ow (unpack_row):
      Q4_0   w = q (0..15), sw = d, ow = -8 d          Q4_1  w = q (0..15), sw = d, ow = m
      Q4_K   w = q (0..15), sw = d sc, ow = -dmin m    Q5_K  w = q (0..31), the same
      Q8_0   w = q (-128..127), sw = d                 I8_ROW  w = q, sw = 1 (the row scale multiplies the sum)
@@ -68,32 +71,48 @@ static inline int has_offset(int type) { return type == Q4_0 || type == Q4_1 || 
 /* blocks rounded up to whole groups of LANES: the float planes below are zero-padded to it */
 static inline int64_t padded(int64_t nsub) { return (nsub + LANES - 1) / LANES * LANES; }
 
-/* One row of x -> qx [nsub * 32] int8, dx [padded(nsub)] and sx [padded(nsub)] (float, exact; 0 past nsub) */
-static void quantize_row(const float *x, int64_t nsub, int8_t *qx, float *dx, float *sx) {
-    for (int64_t b = nsub; b < padded(nsub); b++) dx[b] = sx[b] = 0.0f;
+/* One block of 32 values v -> q [32] int8, d and s (float, exact): the rule at the top */
+static inline void quantize_block(const float *v, int8_t *q, float *d, float *s) {
+    /* max |v| as fmaxf gives it (a NaN is skipped; the max of the rest does not depend on the order), in 8 running
+       maxima and then theirs: vector compares, not 32 calls to fmaxf */
+    v8f m8 = {0};
+    for (int i = 0; i < SUB; i += 8) {
+        v8f a;
+        memcpy(&a, v + i, sizeof a);
+        a = (v8f)((v8i)a & 0x7fffffff);
+        v8i gt = a > m8;
+        m8 = (v8f)((gt & (v8i)a) | (~gt & (v8i)m8));
+    }
+    float amax = 0.0f;
+    for (int i = 0; i < 8; i++) amax = m8[i] > amax ? m8[i] : amax;
+    float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    int32_t sum = 0;
+    for (int i = 0; i < SUB; i++) {
+        int32_t qi = (int32_t)rintf(v[i] * id);
+        q[i] = (int8_t)qi;
+        sum += qi;
+    }
+    *d = dd;
+    *s = (float)sum;
+}
+
+/* One row of x -> qx [nsub * 32] int8, dx [padded(nsub)] and sx [padded(nsub)] (float, exact; 0 past nsub).
+   split: into two such rows, a (its blocks) and b (what they leave: r = x - dx * qx, the product and the difference
+   each rounded once, quantized by the same rule), so x = dx qx + dr qr to half a step of max|r| / 127: about 2^-16
+   of each block's max|x| instead of 2^-8. b's planes follow a's (qx + kq, dx + np, sx + np). */
+static void quantize_row(const float *x, int64_t nsub, int split, int8_t *qx, float *dx, float *sx) {
+    const int64_t kq = SUB * nsub, np = padded(nsub);
+    for (int64_t b = nsub; b < np; b++) {
+        dx[b] = sx[b] = 0.0f;
+        if (split) dx[np + b] = sx[np + b] = 0.0f;
+    }
     for (int64_t b = 0; b < nsub; b++) {
         const float *v = x + SUB * b;
-        /* max |x| as fmaxf gives it (a NaN is skipped; the max of the rest does not depend on the order), in 8
-           running maxima and then theirs: vector compares, not 32 calls to fmaxf */
-        v8f m8 = {0};
-        for (int i = 0; i < SUB; i += 8) {
-            v8f a;
-            memcpy(&a, v + i, sizeof a);
-            a = (v8f)((v8i)a & 0x7fffffff);
-            v8i gt = a > m8;
-            m8 = (v8f)((gt & (v8i)a) | (~gt & (v8i)m8));
-        }
-        float amax = 0.0f;
-        for (int i = 0; i < 8; i++) amax = m8[i] > amax ? m8[i] : amax;
-        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        int32_t sum = 0;
-        for (int i = 0; i < SUB; i++) {
-            int32_t q = (int32_t)rintf(v[i] * id);
-            qx[SUB * b + i] = (int8_t)q;
-            sum += q;
-        }
-        dx[b] = d;
-        sx[b] = (float)sum;
+        quantize_block(v, qx + SUB * b, dx + b, sx + b);
+        if (!split) continue;
+        float r[SUB];
+        for (int i = 0; i < SUB; i++) r[i] = v[i] - dx[b] * (float)qx[SUB * b + i];
+        quantize_block(r, qx + kq + SUB * b, dx + np + b, sx + np + b);
     }
 }
 
@@ -365,38 +384,61 @@ static inline __attribute__((always_inline)) void tile_rows(const int type, cons
 INTEGER_FORMATS(GEMM_FOR)
 #include "q8_interleaved.h"
 
+/* x's rows quantized (two rows each when split: quantize_row), multiplied by the weight; split rows' two products
+   are summed, a's + b's, into out */
+static int q8_product(const float *x, int64_t ldx, const uint8_t *weight, int type, const float *row_scale, float *out,
+                      int64_t ldo, int64_t m_len, int64_t n_len, int64_t k_len, int num_threads, int split) {
+    if (type == F16 || type == BF16) return -2;
+    int base = type > R16 && interleaves(type - R16) ? type - R16 : type, bs = block_size(base);
+    if (bs == 0 || k_len % bs != 0 || k_len % SUB != 0 || (type == I8_ROW && row_scale == NULL)) return -1;
+    int64_t nsub = k_len / SUB, np = padded(nsub), per = split ? 2 : 1, q_len = per * m_len;
+    /* x quantized: qx [rows, K] int8, then dx and sx [rows, padded(nsub)] float each; rows = M (2M split, row m's
+       two at 2m and 2m + 1), or that rounded up to whole tiles of 16 rows for AMX (q8_amx.h), the rows past it
+       zero; then, split, the products of the 2M rows [2M, N] */
+    _Alignas(64) char small[SMALL_X];
+    int64_t rows = amx_tiles(type, q_len) ? (q_len + 15) / 16 * 16 : q_len, bytes = rows * (k_len + 8 * np);
+    int64_t products = split ? q_len * n_len * (int64_t)sizeof(float) : 0;
+    int few = bytes + products <= SMALL_X;
+    char *mem = few ? small : malloc((size_t)(bytes + products));
+    if (!mem) return -1;
+    int8_t *qx = (int8_t *)mem;
+    float *dx = (float *)(mem + rows * k_len), *sx = dx + rows * np, *parts = (float *)(mem + bytes);
+    memset(qx + q_len * k_len, 0, (size_t)((rows - q_len) * k_len));
+    memset(dx + q_len * np, 0, sizeof(float) * (size_t)((rows - q_len) * np));
+    memset(sx + q_len * np, 0, sizeof(float) * (size_t)((rows - q_len) * np));
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (!few)
+    for (int64_t m = 0; m < m_len; m++) /* split: b's planes one row after a's, as quantize_row puts them */
+        quantize_row(x + m * ldx, nsub, split, qx + per * m * k_len, dx + per * m * np, sx + per * m * np);
+    int status = -1;
+    float *dst = split ? parts : out;
+    int64_t ldd = split ? n_len : ldo;
+#define CALL(TYPE) \
+    case TYPE: status = gemm_##TYPE(qx, dx, sx, weight, row_scale, dst, ldd, q_len, n_len, k_len, num_threads); break;
+#define CALL_R16(TYPE) \
+    case R16 + TYPE: status = gemm_r16_##TYPE(qx, dx, sx, weight, dst, ldd, q_len, n_len, k_len, num_threads); break;
+    switch (type) { INTEGER_FORMATS(CALL) CALL_R16(Q4_0) CALL_R16(Q4_1) CALL_R16(Q8_0) }
+#undef CALL
+#undef CALL_R16
+    if (split && status == 0)
+        for (int64_t m = 0; m < m_len; m++)
+            for (int64_t j = 0; j < n_len; j++)
+                out[m * ldo + j] = parts[2 * m * n_len + j] + parts[(2 * m + 1) * n_len + j];
+    if (!few) free(mem);
+    return status;
+}
+
 /* Returns 0; -1 for an unknown type, a K the format cannot hold, or no memory; -2 for F16 / BF16 (no integer
    path: use quant_gemm.c). The same arguments as quant_gemm.c's eyas_quant_gemm. */
 int eyas_q8_gemm(const float *x, int64_t ldx, const uint8_t *weight, int type, const float *row_scale, float *out,
                  int64_t ldo, int64_t m_len, int64_t n_len, int64_t k_len, int num_threads) {
-    if (type == F16 || type == BF16) return -2;
-    int base = type > R16 && interleaves(type - R16) ? type - R16 : type, bs = block_size(base);
-    if (bs == 0 || k_len % bs != 0 || k_len % SUB != 0 || (type == I8_ROW && row_scale == NULL)) return -1;
-    int64_t nsub = k_len / SUB, np = padded(nsub);
-    /* x quantized: qx [rows, K] int8, then dx and sx [rows, padded(nsub)] float each; rows = M, or M rounded up to
-       whole tiles of 16 rows for AMX (q8_amx.h), the rows past M zero */
-    _Alignas(64) char small[SMALL_X];
-    int64_t rows = amx_tiles(type, m_len) ? (m_len + 15) / 16 * 16 : m_len, bytes = rows * (k_len + 8 * np);
-    int few = bytes <= SMALL_X;
-    char *mem = few ? small : malloc((size_t)bytes);
-    if (!mem) return -1;
-    int8_t *qx = (int8_t *)mem;
-    float *dx = (float *)(mem + rows * k_len), *sx = dx + rows * np;
-    memset(qx + m_len * k_len, 0, (size_t)((rows - m_len) * k_len));
-    memset(dx + m_len * np, 0, sizeof(float) * (size_t)((rows - m_len) * np));
-    memset(sx + m_len * np, 0, sizeof(float) * (size_t)((rows - m_len) * np));
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (!few)
-    for (int64_t m = 0; m < m_len; m++) quantize_row(x + m * ldx, nsub, qx + m * k_len, dx + m * np, sx + m * np);
-    int status = -1;
-#define CALL(TYPE) \
-    case TYPE: status = gemm_##TYPE(qx, dx, sx, weight, row_scale, out, ldo, m_len, n_len, k_len, num_threads); break;
-#define CALL_R16(TYPE) \
-    case R16 + TYPE: status = gemm_r16_##TYPE(qx, dx, sx, weight, out, ldo, m_len, n_len, k_len, num_threads); break;
-    switch (type) { INTEGER_FORMATS(CALL) CALL_R16(Q4_0) CALL_R16(Q4_1) CALL_R16(Q8_0) }
-#undef CALL
-#undef CALL_R16
-    if (!few) free(mem);
-    return status;
+    return q8_product(x, ldx, weight, type, row_scale, out, ldo, m_len, n_len, k_len, num_threads, 0);
+}
+
+/* eyas_q8_gemm with each row of x split in two int8 rows (quantize_row): about float32's accuracy at twice one
+   row's integer work, for the attention's q/k/v products, whose roundings meet in the softmax */
+int eyas_q8_gemm_split(const float *x, int64_t ldx, const uint8_t *weight, int type, const float *row_scale,
+                       float *out, int64_t ldo, int64_t m_len, int64_t n_len, int64_t k_len, int num_threads) {
+    return q8_product(x, ldx, weight, type, row_scale, out, ldo, m_len, n_len, k_len, num_threads, 1);
 }
 
 /* The quantized activations of x [M, K] as the products use them (tests): qx [M, K] int8, dx and sx
@@ -404,6 +446,6 @@ int eyas_q8_gemm(const float *x, int64_t ldx, const uint8_t *weight, int type, c
 int eyas_q8_quantize(const float *x, int64_t ldx, int64_t m_len, int64_t k_len, int8_t *qx, float *dx, float *sx) {
     if (k_len % SUB != 0) return -1;
     int64_t nsub = k_len / SUB, np = padded(nsub);
-    for (int64_t m = 0; m < m_len; m++) quantize_row(x + m * ldx, nsub, qx + m * k_len, dx + m * np, sx + m * np);
+    for (int64_t m = 0; m < m_len; m++) quantize_row(x + m * ldx, nsub, 0, qx + m * k_len, dx + m * np, sx + m * np);
     return 0;
 }

@@ -23,11 +23,6 @@ from eyas.model.llama import Attention
 from eyas.model.quantized import KERNEL_ALIGN, Arena, QuantEmbedding, QuantLinear, QuantWeight, quantize_int8, to_bf16
 from eyas.model.registry import model_class
 
-# matmul precision -> the precision of the attention's q/k/v products under it: at "low" they keep float32
-# activations. q and k meet in the softmax, and their int8 rounding was the largest share of "low"'s logit error
-# (docs/cpu-weights.md: mean |error| against HF float32 0.21 -> 0.14 on the default model; llama.cpp's 0.18)
-SOFTMAX_INPUTS = {"low": "highest"}
-
 
 def safetensors_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
@@ -89,12 +84,13 @@ def load_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_p
 
 
 def set_matmul_precision(model: torch.nn.Module, precision: str) -> None:
-    """Every quantized product of ``model`` at ``precision``, the attention's q/k/v at ``SOFTMAX_INPUTS``'s."""
+    """Every quantized product of ``model`` at ``precision``. At "low" the attention's q/k/v split their activations
+    in two int8 rows (``QuantLinear.set_matmul_precision``): q and k meet in the softmax, and their int8 rounding was
+    the largest share of "low"'s logit error (docs/cpu-weights.md)."""
     softmax_inputs = {m.qkv_proj for m in model.modules() if isinstance(m, Attention)}
     for module in model.modules():
         if isinstance(module, QuantLinear):
-            module.set_matmul_precision(SOFTMAX_INPUTS.get(precision, precision) if module in softmax_inputs
-                                        else precision)
+            module.set_matmul_precision(precision, split=precision == "low" and module in softmax_inputs)
 
 
 

@@ -150,12 +150,14 @@ def _kernel(isa: str, variant: str | None = None) -> tuple[ctypes._CFuncPtr, cty
 
 
 @functools.cache
-def q8_kernel(isa: str, variant: str | None = None) -> ctypes._CFuncPtr | None:
-    """q8_gemm.c's product (matmul precision "low") built for ``isa`` (and a ``vnni*`` variant), or None."""
+def q8_kernel(isa: str, variant: str | None = None, split: bool = False) -> ctypes._CFuncPtr | None:
+    """q8_gemm.c's product (matmul precision "low") built for ``isa`` (and a ``vnni*`` variant), or None; ``split``:
+    each row of activations as two int8 rows (``QuantLinear.set_matmul_precision``)."""
     from eyas import kernels
 
     ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    return kernels.entry("q8_gemm", ptr, i64, ptr, i32, ptr, ptr, i64, i64, i64, i64, i32, isa=isa, variant=variant)
+    return kernels.entry("q8_gemm", ptr, i64, ptr, i32, ptr, ptr, i64, i64, i64, i64, i32,
+                         function="q8_gemm_split" if split else None, isa=isa, variant=variant)
 
 
 @functools.cache
@@ -171,9 +173,10 @@ def _layout() -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr]:
     return interleave, rows
 
 
-def _find(precision: str):
+def _find(precision: str, split: bool = False):
     """The kernel's (gemm, rows) entries at this matmul precision, or None where they do not run here; "low"'s
-    gemm is q8_gemm.c's, for the formats of ``INTEGER_FORMATS``."""
+    gemm is q8_gemm.c's (``split``: its product on activations split in two int8 rows), for the formats of
+    ``INTEGER_FORMATS``."""
     from eyas.kernels import cpu_isa, dot_variant, variant_supported
 
     variant = MATMUL_PRECISIONS[precision]
@@ -182,7 +185,7 @@ def _find(precision: str):
     found = _kernel(cpu_isa(), variant)
     if precision != "low" or found is None:
         return found
-    q8 = q8_kernel(cpu_isa(), dot_variant("q8_gemm"))
+    q8 = q8_kernel(cpu_isa(), dot_variant("q8_gemm"), split)
     return None if q8 is None else (q8, found[1])
 
 
@@ -212,8 +215,8 @@ def kernel_available(precision: str = "highest") -> bool:
     return _find(precision) is not None
 
 
-def _entries(precision: str = "highest"):
-    found = _find(precision)
+def _entries(precision: str = "highest", split: bool = False):
+    found = _find(precision, split)
     if found is None:
         raise RuntimeError(f"quantization: eyas's quantized CPU kernel at matmul precision {precision!r} could not be "
                            "built here (no C compiler, or no AVX512-BF16 for 'medium'); load the model with "
@@ -277,15 +280,20 @@ class QuantLinear(nn.Module):
                 runs.append([part])
         return cls([QuantWeight.cat(run, arena) for run in runs], bias)
 
-    def set_matmul_precision(self, precision: str) -> None:
-        """Multiply at this precision (a key of ``MATMUL_PRECISIONS``) from now on.
+    def set_matmul_precision(self, precision: str, split: bool = False) -> None:
+        """Multiply at this precision (a key of ``MATMUL_PRECISIONS``) from now on. ``split`` (at "low" only): each
+        block of activations goes in as two int8 blocks, its quantization and what that leaves, so the activations
+        are exact to about 2^-16 of a block's max instead of 2^-8, for twice one row's integer work (the attention's
+        q/k/v, whose roundings the softmax exponentiates: ``eyas.model.loader.set_matmul_precision``).
 
         The kernel call of each part is resolved here once: a decode step makes over a hundred of them. Public
         for eyas.model.fused_decoder, which makes the same calls from C: (entry point, weight address, type id,
         row-scale address or None, first output column, output rows) per part."""
         global PRECISION_CHANGES
         PRECISION_CHANGES += 1  # plans made from ``calls`` (eyas.model.fused_decoder) are stale now
-        gemm = _entries(precision)[0]
+        if split and precision != "low":
+            raise ValueError(f"QuantLinear: split activations are a mode of matmul precision 'low', not {precision!r}")
+        gemm = _entries(precision, split)[0]
         float_gemm = _entries()[0] if precision == "low" else gemm  # F16 / BF16: no integers to multiply
         self.calls, column = [], 0
         for p in self.parts:

@@ -66,10 +66,10 @@ def resolve_matmul_precision(requested: str, quantization: str | None,
     """The products of eyas's CPU weight kernels -> (precision, why). ``"highest"``: float32 products;
     ``"medium"``: activations and weights rounded to bfloat16, float32 sums (AVX512-BF16), as
     ``torch.set_float32_matmul_precision("medium")`` allows; ``"low"``: int8 activations per block of 32 and
-    integer dot products (q8_gemm.c), the q/k/v products on float32. ``"auto"``: low for a GGUF ``model`` whose
-    matrices are all Q4_0, Q4_1 or Q8_0 (read interleaved, ``INTERLEAVED``) on a CPU with VNNI dot products: on the
-    default model its logits stay closer to HF float32 than llama.cpp's and its steps are the fastest
-    (docs/cpu-weights.md); else medium where it runs (the weights on eyas's kernels, a CPU whose bf16 dot products
+    integer dot products (q8_gemm.c), the q/k/v products on activations split in two int8 rows. ``"auto"``: low for
+    a GGUF ``model`` whose matrices are all Q4_0, Q4_1 or Q8_0 (read interleaved, ``INTERLEAVED``) on a CPU with
+    VNNI dot products: on the default model its logits stay closer to HF float32 than llama.cpp's and its steps are
+    the fastest (docs/cpu-weights.md); else medium where it runs (the weights on eyas's kernels, a CPU whose bf16 dot products
     do at least ``BF16_PRODUCTS_MIN_RATIO`` times the multiply-adds of its float32 FMAs,
     ``eyas.kernels.bf16_mac_ratio``), as vLLM's CPU backend multiplies in bfloat16; highest elsewhere."""
     from eyas.kernels import bf16_mac_ratio, cpu_flags
@@ -81,8 +81,8 @@ def resolve_matmul_precision(requested: str, quantization: str | None,
         if quantization is None:
             return "highest", "the weights run in the engine dtype"
         if quantization == "gguf" and model is not None and _interleaved_with_vnni(model):
-            return "low", (f"int8 activations (q/k/v float32), integer dot products ({dot_products()}) on the "
-                           "interleaved rows (--matmul-precision highest: float32)")
+            return "low", (f"int8 activations (q/k/v split in two int8 rows), integer dot products ({dot_products()}) "
+                           "on the interleaved rows (--matmul-precision highest: float32)")
         if not kernel_available("medium"):
             return "highest", ("float32 products: this CPU has no AVX512-BF16" if "avx512_bf16" not in cpu_flags()
                                else "float32 products: eyas's AVX512-BF16 kernel is not built here (EYAS_CPU_ISA)")
