@@ -2,9 +2,9 @@
 against its "vnni512" build (vpdpbusd only), in one process on one thread, on the default model.
 
 - Products: every integer product of the model's "low" forward (the interleaved Q4_1 layers and the Q8_0 head;
-  q/k/v, which the engine calls with each row split in two, here as plain int8 rows), called directly on random activations at each ``--rows``; the builds
-  and row counts interleaved for ``--rounds`` rounds, the fastest pass of each by the thread's CPU time. The two
-  builds' outputs are checked equal bit for bit first.
+  q/k/v, which the engine calls with each row split in two, here as plain int8 rows), called directly on random
+  activations at each ``--rows``; the builds and row counts interleaved for ``--rounds`` rounds, the fastest pass
+  of each by the thread's CPU time. The two builds' outputs are checked equal bit for bit first.
 - Prefill: one engine per build (``num_threads=1``, no prefix cache), the same ``--prompts`` held-out chat
   prompts with ``max_tokens=1``: prompt tokens per CPU second, the fastest of ``--rounds``.
 
