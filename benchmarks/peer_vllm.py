@@ -11,7 +11,8 @@ written by eyas in the main environment.
         --max-tokens 128 --batch-sizes 1,8 --spec-method ngram --k 4 --dtype float32
 
 For each batch size B it warms up, then times ``llm.generate`` over the first B prompts in one
-call (B > 1), or over the first ``--batch1-prompts`` prompts one call each, summed (B == 1).
+call (B > 1), or over the first ``--batch1-prompts`` prompts one call each, summed (B == 1); then the same
+calls to the first token only (``first_token_seconds``: the prefill's share of the time).
 ``--structured FILE`` (a JSON list, one vLLM ``structured_outputs`` dict per prompt, e.g.
 ``{"json": schema}``) constrains each prompt's output, with any whitespace disabled (as eyas writes JSON).
 One JSON object per batch size goes to stdout (vLLM's own logging is sent to stderr), with
@@ -202,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                                  structured_outputs=StructuredOutputsParams(**spec, disable_any_whitespace=True))
                   for spec in specs]
     warm = SamplingParams(temperature=0.0, max_tokens=args.warmup_tokens, ignore_eos=True)
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
 
     def run(batch: list[int], sp) -> tuple[float, list]:
         """``batch``: prompt indices; ``sp``: one SamplingParams, or one per prompt (indexed like prompts)."""
@@ -233,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                 finish.append(o.outputs[0].finish_reason)
         cpu1 = cpu_seconds()
         after = spec_counters(llm)
+        first = sum(run(group, one)[0] for group in groups)  # to the first token only: the prefill's share
 
         n_out = sum(len(t) for t in token_ids)
         record = {
@@ -248,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             "output_tokens": n_out,
             "seconds": round(seconds, 4),
             "tokens_per_s": round(n_out / seconds, 3) if seconds > 0 else None,
+            "first_token_seconds": round(first, 4),
             "cpu_seconds": round(cpu1 - cpu0, 3) if cpu0 is not None and cpu1 is not None else None,
             "startup_s": round(startup_s, 1),
             "finish_reasons": finish,
