@@ -77,6 +77,27 @@ def test_interleaved_products_equal_the_row_products_bit_for_bit(fmt):
                 assert torch.equal(_run(split, xm, interleaved), _run(split, xm, rows)), (build, n, k, m)
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["int8", "split"])
+def test_rows_past_a_panel_equal_the_rows_alone(split):
+    """Past 256 rows of x (a panel: the rows one sweep over the groups takes) each row still equals its product
+    alone, on 1 and 2 threads, with a last group of 5 rows (widened once, used by every panel)."""
+    weight, _ = weight_of("Q4_1", 37, 576, seed=4)
+    linear = Q.QuantLinear([weight])
+    linear.set_matmul_precision("low", split=split)
+    x = torch.randn(300, 576, generator=torch.Generator().manual_seed(12))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = linear(x)
+        torch.set_num_threads(1)
+        one = linear(x)
+        assert torch.equal(one, two)
+        for i in (0, 127, 128, 255, 256, 299):
+            assert torch.equal(linear(x[i:i + 1].contiguous()), one[i:i + 1]), i
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.skipif(not kernels.variant_supported("amx"), reason="no AMX-INT8 on this CPU")
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_amx_tiles_give_the_bits_of_vpdpbusd(fmt):

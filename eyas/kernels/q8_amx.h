@@ -35,7 +35,6 @@
 
 enum { AMX_ROWS = 16 }; /* rows of x from which a product takes the tiles (measured: docs/cpu-weights.md) */
 enum { TOKENS = 16 };   /* rows of x a tile */
-enum { PANEL = 256 };   /* rows of x whose quantized values stay in L2 while every group passes over them */
 
 /* Whether this process may use the tile registers: asked for once (the answer is the process's) */
 static int amx_permitted(void) {
