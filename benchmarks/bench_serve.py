@@ -156,7 +156,7 @@ def main() -> None:
     p.add_argument("--vllm-dtype", default=None, help="default: vLLM's own (bf16 on CPU)")
     p.add_argument("--skip-vllm", action="store_true")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--logs", default="bench_serve_logs")
+    p.add_argument("--logs", default="bench_serve_logs", help="folder for the servers' logs (git ignores the default)")
     args = p.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     model = resolve_model(None)
