@@ -420,6 +420,7 @@ static int q8_product(const float *x, int64_t ldx, const uint8_t *weight, int ty
 #undef CALL
 #undef CALL_R16
     if (split && status == 0)
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (!few)
         for (int64_t m = 0; m < m_len; m++)
             for (int64_t j = 0; j < n_len; j++)
                 out[m * ldo + j] = parts[2 * m * n_len + j] + parts[(2 * m + 1) * n_len + j];
