@@ -12,7 +12,7 @@ import torch
 from stats_helpers import chi2_pvalue
 
 from eyas.sampling.params import SamplingParams
-from eyas.sampling.rejection import rejection_sample, shared_noise_verify
+from eyas.sampling.rejection import greedy_verify, rejection_sample, shared_noise_verify
 from eyas.sampling.row_ops import gumbel_argmax
 from eyas.sampling.sampler import Sampler, SamplingBatch
 
@@ -107,6 +107,22 @@ def test_greedy_target_is_exact_match():
             n = wrong_at[r].item()
             assert res.output_tokens[r, : n + 1].tolist() == argmax[r, : n + 1].tolist()
             assert torch.all(res.output_tokens[r, n + 1 :] == -1)
+
+
+def test_greedy_verify_matches_rejection_sampling_on_one_hot_targets_with_and_without_drafts():
+    """greedy_verify (the all-greedy fast path, with its shortcut for a step without drafts) gives what rejection
+    sampling gives on the same argmax targets made one-hot, at k = 0 and k = 3."""
+    g = torch.Generator().manual_seed(12)
+    for k in (0, 3):
+        argmax = torch.randint(0, 30, (16, k + 1), generator=g)
+        drafts = argmax[:, :k].clone()
+        drafts[::3, : min(k, 1)] = (drafts[::3, : min(k, 1)] + 1) % 30  # a wrong first draft in every third row
+        num_drafts = torch.arange(16) % (k + 1)
+        target = torch.full((16, k + 1, 30), -torch.inf).scatter_(2, argmax[..., None], 0.0)
+        want = rejection_sample(target, drafts, None, torch.arange(16), torch.arange(k + 1).expand(16, k + 1),
+                                num_drafts)
+        got = greedy_verify(argmax, drafts, num_drafts)
+        assert torch.equal(got.output_tokens, want.output_tokens) and torch.equal(got.num_accepted, want.num_accepted)
 
 
 def _contextual_tables(seed: int, vocab: int, k: int, sharp: float):

@@ -35,19 +35,30 @@ class VerifyLayout:
 
     @classmethod
     def of(cls, plan: SchedulerOutput) -> VerifyLayout:
-        fed = torch.tensor([e.num_new_tokens + len(e.draft_token_ids) for e in plan.scheduled], dtype=torch.int64)
-        query_start = torch.cumsum(fed, 0) - fed  # [B] each request's first token in the forward
-        sample_rows = [b for b, entry in enumerate(plan.scheduled) if entry.will_sample]
-        entries = [plan.scheduled[b] for b in sample_rows]
-        k = max((len(e.draft_token_ids) for e in entries), default=0)
-        num_drafts = torch.tensor([len(e.draft_token_ids) for e in entries], dtype=torch.int64)
-        drafts = torch.tensor([e.draft_token_ids + [0] * (k - len(e.draft_token_ids)) for e in entries],
-                              dtype=torch.int64).view(len(entries), k)
-        last = query_start[sample_rows] + torch.tensor([e.num_new_tokens for e in entries], dtype=torch.int64) - 1
-        first = torch.cumsum(num_drafts + 1, 0) - num_drafts - 1
-        pad = first[:, None] + torch.minimum(torch.arange(k + 1), num_drafts[:, None])
-        flat_rows = torch.repeat_interleave(last - first, num_drafts + 1) + torch.arange(len(entries) + int(num_drafts.sum()))
-        return cls(sample_rows, entries, num_drafts, drafts, flat_rows, first, pad)
+        """Built in Python and made into tensors once: a batch-1 step is a handful of integers, and tensor
+        arithmetic on them cost 0.17 ms a step, 2% of a decode step."""
+        sample_rows, entries, lasts = [], [], []
+        start = 0  # each request's first token in the forward
+        for b, entry in enumerate(plan.scheduled):
+            if entry.will_sample:
+                sample_rows.append(b)
+                entries.append(entry)
+                lasts.append(start + entry.num_new_tokens - 1)
+            start += entry.num_new_tokens + len(entry.draft_token_ids)
+        counts = [len(e.draft_token_ids) for e in entries]
+        k = max(counts, default=0)
+        first, pad, flat_rows, row = [], [], [], 0
+        for n, last in zip(counts, lasts):
+            first.append(row)
+            pad.append([row + min(j, n) for j in range(k + 1)])
+            flat_rows += range(last, last + n + 1)
+            row += n + 1
+        ints = dict(dtype=torch.int64)
+        return cls(sample_rows, entries, torch.tensor(counts, **ints),
+                   torch.tensor([e.draft_token_ids + [0] * (k - n) for e, n in zip(entries, counts)],
+                                **ints).view(len(entries), k),
+                   torch.tensor(flat_rows, **ints), torch.tensor(first, **ints),
+                   torch.tensor(pad, **ints).view(len(entries), k + 1))
 
     @property
     def num_rows(self) -> int:

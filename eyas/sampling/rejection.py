@@ -139,8 +139,11 @@ def greedy_verify(target: Tensor, draft_tokens: Tensor, num_drafts: Tensor) -> V
     """Exact-match fast path for an all-greedy batch: no softmax, no noise.
 
     target [R, k+1]: the target's argmax tokens; accept drafts while they equal them. Example:
-    target [5, 9, 4, 7], drafts [5, 9, 1] -> [[5, 9, 4, -1]], num_accepted [2].
+    target [5, 9, 4, 7], drafts [5, 9, 1] -> [[5, 9, 4, -1]], num_accepted [2]. Without drafts (k = 0, a plain
+    decode step) the tokens are the target's as they are.
     """
+    if target.shape[1] == 1:
+        return VerifyResult(target, torch.zeros(target.shape[0], dtype=torch.int64, device=target.device))
     num_accepted = _count_accepted(draft_tokens == target[:, :-1], num_drafts)
     last = target.gather(1, num_accepted[:, None]).squeeze(1)
     return VerifyResult(_emit(target[:, :-1], num_accepted, last), num_accepted)
