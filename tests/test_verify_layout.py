@@ -37,3 +37,29 @@ def test_no_sampling_request():
     assert layout.entries == [] and layout.num_rows == 0
     assert layout.drafts.shape == (0, 0) and layout.pad.shape == (0, 1)
     assert torch.equal(layout.num_drafts, torch.zeros(0, dtype=torch.int64))
+
+
+def test_random_plans_follow_the_definition():
+    """For 500 random plans: request r's logit rows first[r] .. first[r] + n are the forward's rows of its last
+    committed token and its n drafts, in order, back to back; pad repeats each request's last row."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(500):
+        entries = [entry(rng.randint(1, 40), [rng.randint(1, 99) for _ in range(rng.randint(0, 5))],
+                         rng.random() < 0.7) for _ in range(rng.randint(0, 6))]
+        entries = [e if e.will_sample else entry(e.num_new_tokens, [], False) for e in entries]
+        layout = VerifyLayout.of(SchedulerOutput(entries, 0, [], {}))
+        k = max((len(e.draft_token_ids) for e in entries if e.will_sample), default=0)
+        start, row, r = 0, 0, 0
+        for b, e in enumerate(entries):
+            n = len(e.draft_token_ids)
+            if e.will_sample:
+                assert layout.sample_rows[r] == b and layout.first[r] == row and layout.num_drafts[r] == n
+                assert layout.flat_rows[row:row + n + 1].tolist() == list(range(start + e.num_new_tokens - 1,
+                                                                                 start + e.num_new_tokens + n))
+                assert layout.pad[r].tolist() == [row + min(j, n) for j in range(k + 1)]
+                assert layout.drafts[r].tolist() == e.draft_token_ids + [0] * (k - n)
+                row, r = row + n + 1, r + 1
+            start += e.num_new_tokens + n
+        assert layout.num_rows == row and len(layout.entries) == r
