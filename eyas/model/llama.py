@@ -85,6 +85,7 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
         # (precision changes and KV cache addresses, the plan made for them)
         self._fused: tuple[tuple[int, ...] | None, FusedDecoder | None] = (None, None)
+        self._attention: tuple[Attention, ...] = ()  # _layer_runner's: attention_layers() costs 24 us a step
 
     def set_aux_layer_ids(self, aux_layer_ids: tuple[int, ...]) -> None:
         """Which residual streams ``forward`` hands back as aux hidden states (vLLM convention)."""
@@ -130,8 +131,10 @@ class LlamaForCausalLM(nn.Module):
         kernels allow it (``fused_decoder.py``; the plan is made once per set of KV caches), else module by module."""
         if h.is_cpu:
             # the plan holds the KV caches' addresses and the products' kernel calls (their precision)
+            if len(self._attention) != len(self.layers):  # the layers' attention modules, gathered once
+                self._attention = tuple(self.attention_layers())
             caches = (quantized.PRECISION_CHANGES,
-                      *(0 if a.kv_cache is None else a.kv_cache.data_ptr() for a in self.attention_layers()))
+                      *(0 if a.kv_cache is None else a.kv_cache.data_ptr() for a in self._attention))
             if self._fused[0] != caches:
                 plain = all(type(layer) is DecoderLayer for layer in self.layers)  # what the C loop mirrors
                 self._fused = caches, FusedDecoder.build(self.layers) if plain else None
