@@ -131,7 +131,7 @@ class LlamaForCausalLM(nn.Module):
         kernels allow it (``fused_decoder.py``; the plan is made once per set of KV caches), else module by module."""
         if h.is_cpu:
             # the plan holds the KV caches' addresses and the products' kernel calls (their precision)
-            if len(self._attention) != len(self.layers):  # the layers' attention modules, gathered once
+            if not self._attention:  # the layers' attention modules, gathered at the first forward
                 self._attention = tuple(self.attention_layers())
             caches = (quantized.PRECISION_CHANGES,
                       *(0 if a.kv_cache is None else a.kv_cache.data_ptr() for a in self._attention))
