@@ -47,7 +47,7 @@ from eyas.config import ModelConfig
 from eyas.model.drafters.base import Drafter, TargetParts
 from eyas.model.drafters.eagle1 import Eagle1Drafter
 from eyas.model.drafters.eagle3 import Eagle3Drafter
-from eyas.model.drafters.layout import LAYOUTS, TensorFiles, checkpoint_names, is_norm_weight, prefix_renames
+from eyas.model.drafters.layout import LAYOUTS, UNMARKED, TensorFiles, checkpoint_names, is_norm_weight, prefix_renames
 from eyas.model.drafters.mtp import MtpDrafter
 from eyas.model.layers import RotaryEmbedding
 from eyas.model.loader import linears_to_int8
@@ -185,7 +185,7 @@ def _parallel_drafting(hf: dict, vocab_size: int, file: Path) -> tuple[int, int]
 
 def _layout(hf: dict, method: str | None, config_file: Path) -> str:
     if method is not None and method not in LAYOUTS.values():
-        raise ValueError(f"drafter: method '{method}' is not one of 'eagle', 'eagle3', 'mtp'")
+        raise ValueError(f"drafter: method '{method}' is not one of {', '.join(map(repr, sorted(set(LAYOUTS.values()))))}")
     if "speculators_model_type" in hf:
         if hf["speculators_model_type"] not in ("eagle3", "peagle"):
             raise ValueError(f"drafter: speculators_model_type '{hf['speculators_model_type']}' in {config_file} "
@@ -195,8 +195,8 @@ def _layout(hf: dict, method: str | None, config_file: Path) -> str:
         found = "eagle3"
     elif hf.get("num_nextn_predict_layers"):
         found = "mtp"
-    elif method == "eagle":
-        found = "eagle"
+    elif method in UNMARKED:
+        found = UNMARKED[method]
     else:
         raise ValueError(f"drafter: {config_file} has none of speculators_model_type (speculators EAGLE-3), "
                          f"draft_vocab_size (EAGLE-3) or num_nextn_predict_layers > 0 (MTP); an EAGLE-1 folder "

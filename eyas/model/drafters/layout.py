@@ -17,6 +17,9 @@ from safetensors import safe_open
 from eyas.model.loader import safetensors_files
 
 LAYOUTS = {"eagle3": "eagle3", "speculators": "eagle3", "eagle": "eagle", "mtp": "mtp"}  # layout -> method
+# method -> the layout of its folders whose config.json carries no marker of their own (EAGLE-1's has none): found
+# only when the caller names the method
+UNMARKED = {"eagle": "eagle"}
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
