@@ -15,7 +15,10 @@
  * batch has two requests per thread or more, an item spans every KV head of the request: its cache
  * rows are read whole. A long prefill query is thus spread over the threads in chunks. Keys are
  * visited a cache block at a time with an online softmax (a running maximum m and sum l per row):
- * scores of the block, then rescale the accumulators if the maximum moved, then add p * V. Everything is summed in float32; the cache may hold float32, bfloat16 or
+ * scores of the block, then rescale the accumulators if the maximum moved, then add p * V. A block's K/V are
+ * prefetched before its rows read them, and the next block's beside their work (prefetch_slots): the blocks sit
+ * anywhere in the cache, and a decode's rows would otherwise wait on each block's lines in turn. Everything is
+ * summed in float32; the cache may hold float32, bfloat16 or
  * float16 values (cache_dtype 0, 1, 2), widened exactly on load.
  *
  * Example: block_size 4, one request with q_len 2, seq_len 6 and table row [7, 3]: its two
@@ -125,13 +128,7 @@ static inline void rows_f32(const void *base, int64_t index, int64_t stride, int
     }
 }
 
-/* Brings slots s0 .. s1 - 1 of a cache block's K and V rows toward the core: into L1 (the block about to be
- * read: in address order, so the whole block streams in at once, where the rows' own loads would walk it a head's
- * slice at a time) or into L2 (the next block, a share of it beside each row's work). A row is `bytes` long and
- * rows are `stride` bytes apart. Nothing is computed from them: results do not depend on it. B = 16 decode rows of
- * SmolLM2-135M's shape at 230 keys, every layer's cache cold as in a step (AMD Zen 4): 913 -> 410-440 us a layer on
- * one thread, 450 -> 255 us on two; one request of 230 keys 28-32 -> 23 us. Either prefetch alone does less (one
- * thread: 890 with the L1 one alone, 560 with the L2 one alone), and the L2 one two blocks ahead does less too (475). */
+/* Prefetches the cache lines of bytes from .. from + bytes - 1 into L1 (to_l1) or L2. */
 static inline void prefetch_range(const char *from, int64_t bytes, int to_l1) {
     const char *p = (const char *)((uintptr_t)from & ~(uintptr_t)63), *end = from + bytes;
     if (to_l1)
@@ -140,6 +137,13 @@ static inline void prefetch_range(const char *from, int64_t bytes, int to_l1) {
         for (; p < end; p += 64) __builtin_prefetch(p, 0, 2);
 }
 
+/* Brings slots s0 .. s1 - 1 of a cache block's K and V rows toward the core: into L1 (the block about to be
+ * read: in address order, so the whole block streams in at once, where the rows' own loads would walk it a head's
+ * slice at a time) or into L2 (the next block, a share of it beside each row's work). A row is `bytes` long and
+ * rows are `stride` bytes apart. Nothing is computed from them: results do not depend on it. B = 16 decode rows of
+ * SmolLM2-135M's shape at 230 keys, every layer's cache cold as in a step (AMD Zen 4): 913 -> 410-440 us a layer on
+ * one thread, 450 -> 255 us on two; one request of 230 keys 28-32 -> 23 us. Either prefetch alone does less (one
+ * thread: 890 with the L1 one alone, 560 with the L2 one alone), and the L2 one two blocks ahead does less too (475). */
 static inline void prefetch_slots(const char *k, const char *v, int64_t s0, int64_t s1, int64_t stride, int64_t bytes,
                                   int to_l1) {
     if (bytes == stride) { /* whole slot rows (an item of every KV head): one range each */
