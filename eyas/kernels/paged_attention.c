@@ -157,6 +157,12 @@ static inline void prefetch_slots(const char *k, const char *v, int64_t s0, int6
     }
 }
 
+/* The cache element of position start's block's first slot, offset values into its row (the block-table walk) */
+static inline int64_t slot_at(const int64_t *table, int64_t start, int64_t block_size, int64_t slot_stride,
+                              int64_t offset) {
+    return table[start / block_size] * block_size * slot_stride + offset;
+}
+
 /* Slots of the block after the one at start that hold positions below seq_len (0: none). */
 static inline int64_t next_slots(int64_t start, int64_t block_size, int64_t seq_len) {
     int64_t left = seq_len - start - block_size;
@@ -210,10 +216,10 @@ static inline __attribute__((always_inline)) void attend_item(
     if (lo_all < 0) lo_all = 0;
     start_rows(q, q_stride, q_start, rows, groups, kv_head * groups, d, scale, qs, acc, m, l);
     for (int64_t start = lo_all - lo_all % block_size; start < seq_len; start += block_size) {
-        int64_t slot0 = table[start / block_size] * block_size;
         int64_t n = seq_len - start < block_size ? seq_len - start : block_size;
-        int64_t at = slot0 * slot_stride + kv_head * d, nn = next_slots(start, block_size, seq_len);
-        int64_t next = nn ? table[start / block_size + 1] * block_size * slot_stride + kv_head * d : at;
+        int64_t nn = next_slots(start, block_size, seq_len);
+        int64_t at = slot_at(table, start, block_size, slot_stride, kv_head * d);
+        int64_t next = nn ? slot_at(table, start + block_size, block_size, slot_stride, kv_head * d) : at;
         const char *next_k = (const char *)k_cache + next * esz, *next_v = (const char *)v_cache + next * esz;
         prefetch_slots((const char *)k_cache + at * esz, (const char *)v_cache + at * esz, 0, n, stride, d * esz, 1);
         rows_f32(k_cache, at, slot_stride, n, cache_dtype, d, kbuf, kp);
@@ -327,11 +333,12 @@ static inline __attribute__((always_inline)) void attend_heads16(
     start_rows(q, q_stride, q_start, rows, heads, kv0 * groups, d, scale, qs, acc, m, l);
     for (int64_t start = lo_all - lo_all % block_size; start < seq_len; start += block_size) {
         int64_t n = seq_len - start < block_size ? seq_len - start : block_size;
-        int64_t at = table[start / block_size] * block_size * slot_stride + kv0 * d;
         int64_t nn = next_slots(start, block_size, seq_len);
-        int64_t next = nn ? table[start / block_size + 1] * block_size * slot_stride + kv0 * d : at;
+        int64_t at = slot_at(table, start, block_size, slot_stride, kv0 * d);
+        int64_t next = nn ? slot_at(table, start + block_size, block_size, slot_stride, kv0 * d) : at;
         const char *next_k = (const char *)k_cache + next * esz, *next_v = (const char *)v_cache + next * esz;
-        prefetch_slots((const char *)k_cache + at * esz, (const char *)v_cache + at * esz, 0, n, stride, width * esz, 1);
+        prefetch_slots((const char *)k_cache + at * esz, (const char *)v_cache + at * esz, 0, n, stride, width * esz,
+                       1);
         rows_f32(k_cache, at, slot_stride, n, cache_dtype, width, kbuf, kp);
         rows_f32(v_cache, at, slot_stride, n, cache_dtype, width, vbuf, vp);
         for (int64_t r = 0; r < rows; r++) {
