@@ -95,13 +95,18 @@ int eyas_rotary(const float *x, int64_t ldx, const float *cos_, const float *sin
 
 /* silu(g) * u of 8 lanes; silu(g) = g / (1 + exp(-g)), computed with e = exp(-|g|) <= 1, which cannot
    overflow: g / (1 + e) for g >= 0, g * e / (1 + e) below. */
-static inline v8f silu_mul8(v8f g, v8f u) {
-    const v8i sign = (v8i){0} + INT32_MIN;
-    v8i negative = g < 0.0f;
-    v8f e = exp8((v8f)((v8i)g | sign)); /* -|g| */
-    v8f num = (v8f)(((v8i)g & ~negative) | ((v8i)(g * e) & negative));
-    return num / (1.0f + e) * u;
-}
+#define EYAS_SILU_MUL(NAME, VF, VI, EXP)                                                           \
+    static inline VF NAME(VF g, VF u) {                                                            \
+        const VI sign = (VI){0} + INT32_MIN;                                                       \
+        VI negative = g < 0.0f;                                                                    \
+        VF e = EXP((VF)((VI)g | sign)); /* -|g| */                                                 \
+        VF num = (VF)(((VI)g & ~negative) | ((VI)(g * e) & negative));                             \
+        return num / (1.0f + e) * u;                                                               \
+    }
+/* the same operations at either width, lane by lane (so either gives a lane the same bits): 16 lanes take about
+   half the instructions of two times 8 (a prefill chunk's 256 rows of 1,536, one Zen 4 thread: 341 -> 239 us, the same bits) */
+EYAS_SILU_MUL(silu_mul8, v8f, v8i, exp8)
+EYAS_SILU_MUL(silu_mul16, v16f, v16i, exp16)
 
 /* out[t, i] = silu(gate) * up with gate = gu[t, i], up = gu[t, n + i]: gu [tokens, 2n] (the fused gate/up
    product), out [tokens, n]. The n % 8 tail goes through the same 8 lanes, zero-padded. */
@@ -111,6 +116,10 @@ int eyas_silu_mul(const float *gu, float *out, int64_t tokens, int64_t n, int nu
         const float *gate = gu + t * 2 * n, *up = gate + n;
         float *o = out + t * n;
         int64_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            v16f y = silu_mul16(load16(gate + i), load16(up + i));
+            store16(o + i, y);
+        }
         for (; i + 8 <= n; i += 8) {
             v8f g, u;
             memcpy(&g, gate + i, sizeof g);
