@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from eyas.kv.block_pool import NULL_BLOCK
@@ -66,14 +67,15 @@ def layout_slots(block_table: torch.Tensor, query_start_loc: torch.Tensor, seq_l
     Request b owns tokens ``query_start_loc[b]:query_start_loc[b+1]``, the last ``q_len`` of its
     ``seq_lens[b]`` context. Example (block_size 4): one request with seq_len 6 and q_len 2 has
     positions [4, 5], which live in its second block: slots ``table[b, 1] * 4 + [0, 1]``.
-    Returns (positions [T], slot_mapping [T]).
+    Returns (positions [T], slot_mapping [T]). In NumPy: a decode step's handful of rows costs about 20 us here
+    against 50 in torch ops (each about 5 us of dispatch).
     """
-    q_lens = query_start_loc[1:] - query_start_loc[:-1]
-    num_tokens = int(query_start_loc[-1])
-    req = torch.repeat_interleave(torch.arange(len(q_lens)), q_lens, output_size=num_tokens)
-    positions = (seq_lens - q_lens)[req] + torch.arange(num_tokens) - query_start_loc[:-1][req]
-    slots = block_table[req, positions // block_size] * block_size + positions % block_size
-    return positions, slots
+    qsl, table = query_start_loc.numpy(), block_table.numpy()
+    q_lens = qsl[1:] - qsl[:-1]
+    req = np.repeat(np.arange(len(q_lens)), q_lens)  # [T] the request of each token
+    positions = (seq_lens.numpy() - q_lens)[req] + np.arange(int(qsl[-1])) - qsl[:-1][req]
+    slots = table[req, positions // block_size] * block_size + positions % block_size
+    return torch.from_numpy(positions), torch.from_numpy(slots)
 
 
 def uniform_slots(batch: UniformBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
