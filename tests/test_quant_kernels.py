@@ -195,6 +195,25 @@ def test_int8_rows_round_trip_and_products(precision):
     check_close(product(x, q, precision), x, back.numpy())
 
 
+def test_q8_0_blocks_made_from_floats_are_the_gguf_definition():
+    """quantize_q8_0 writes GGUF Q8_0 rows: per block of 32 a float16 d = max|w| / 127, then q = round(w / d) with
+    that d; dequantizing gives d * q, within half a step of w, and an all-zero block stays zero."""
+    w = torch.randn(6, 96, generator=torch.Generator().manual_seed(3)) * 4
+    w[2, 32:64] = 0
+    q = Q.quantize_q8_0(w)
+    assert q.fmt.name == "Q8_0" and q.data.shape == (6, 3 * 34)
+    records = q.data.view(6, 3, 34)
+    d = records[:, :, :2].contiguous().view(torch.float16).float().squeeze(-1)  # [6, 3]
+    qs = records[:, :, 2:].contiguous().view(torch.int8).float()  # [6, 3, 32]
+    blocks = w.view(6, 3, 32)
+    assert torch.equal(d, (blocks.abs().amax(dim=2) / 127).half().float())
+    assert torch.equal(qs, torch.round(blocks / torch.where(d == 0, 1.0, d)[..., None]).clamp(-127, 127))
+    back = Q.dequantize(q)
+    assert torch.equal(back, (d[..., None] * qs).view(6, 96))
+    assert ((back - w).abs().view(6, 3, 32) <= d[..., None] * (0.5 + 1e-3)).all()
+    assert torch.equal(back[2, 32:64], torch.zeros(32))
+
+
 def test_shapes_a_format_cannot_hold_are_refused():
     with pytest.raises(ValueError, match="a Q4_K row of 576 weights is not a whole number of 256-weight blocks"):
         Q.QuantWeight(torch.zeros(2, 576 // 256 * 144 + 72, dtype=torch.uint8), Q.FORMATS["Q4_K"], 576)

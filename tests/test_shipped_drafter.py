@@ -51,10 +51,11 @@ def test_default_eagle3_uses_the_shipped_drafter_losslessly_with_acceptance_abov
     spec = LLM(speculative_config={"method": "eagle3", "adaptive_draft_length": False}, max_num_seqs=4)
     proposer = spec.engine.runner.proposer
     assert proposer.drafter.spec.path == shipped_drafter("eagle3")
-    # beside the GGUF target on the CPU kernels, every matrix of the drafter is an int8 row (the embedding is
-    # the target's own)
+    # beside the GGUF target on the CPU kernels, every matrix of the drafter is Q8_0 blocks (the embedding is the
+    # target's own), interleaved for the VNNI products where the target runs at "low"
     linears = [m for m in proposer.drafter.modules() if isinstance(m, QuantLinear)]
-    assert len(linears) >= 6 and {p.fmt.name for m in linears for p in m.parts} == {"I8_ROW"}
+    low = spec.engine.config.matmul_precision == "low"
+    assert len(linears) >= 6 and {p.fmt.name for m in linears for p in m.parts} == {"Q8_0_R16" if low else "Q8_0"}
     assert spec.engine.config.speculative.num_speculative_tokens == json.loads(
         (shipped_drafter("eagle3") / "config.json").read_text())["num_speculative_tokens"]
     outs = spec.generate(prompts, params, use_tqdm=False)

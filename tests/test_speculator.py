@@ -64,10 +64,10 @@ def test_greedy_speculation_equals_plain_batch_1_and_8_with_preemption(drafters,
 
 @pytest.mark.parametrize("case", ["eagle3", "mtp_1"])
 def test_bf16_target_and_int8_drafter_rows_stay_lossless(drafters, case):
-    """quantization='bf16': the target's matrices are bf16 rows on eyas's kernel and the drafter's int8 rows;
+    """quantization='bf16': the target's matrices are bf16 rows on eyas's kernel and the drafter's Q8_0 blocks;
     each drafter product equals its float32 module's on the same rounded weights, and greedy output is plain's."""
     from eyas.model.layers import Linear
-    from eyas.model.quantized import QuantLinear, dequantize, quantize_int8
+    from eyas.model.quantized import QuantLinear, dequantize, quantize_q8_0
 
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     target = drafters.folders["mtp_1"] if case == "mtp_1" else str(drafters.target)
@@ -82,8 +82,8 @@ def test_bf16_target_and_int8_drafter_rows_stay_lossless(drafters, case):
         if isinstance(module, Linear):
             got = rows[name]
             assert isinstance(got, QuantLinear), name
-            rounded = dequantize(quantize_int8(module.weight))
-            assert got.parts[0].fmt.name == "I8_ROW" and torch.equal(dequantize(got.parts[0]), rounded), name
+            rounded = dequantize(quantize_q8_0(module.weight))
+            assert got.parts[0].fmt.name == "Q8_0" and torch.equal(dequantize(got.parts[0]), rounded), name
             x = torch.randn(3, module.in_features, generator=torch.Generator().manual_seed(checked))
             torch.testing.assert_close(got(x), x @ rounded.T, rtol=1e-5, atol=1e-5)
             checked += 1

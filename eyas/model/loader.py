@@ -20,7 +20,17 @@ from safetensors import safe_open
 from eyas.config import ModelConfig
 from eyas.model.layers import Linear, RotaryEmbedding
 from eyas.model.llama import Attention
-from eyas.model.quantized import KERNEL_ALIGN, Arena, QuantEmbedding, QuantLinear, QuantWeight, quantize_int8, to_bf16
+from eyas.model.quantized import (
+    FORMATS,
+    KERNEL_ALIGN,
+    Arena,
+    QuantEmbedding,
+    QuantLinear,
+    QuantWeight,
+    quantize_int8,
+    quantize_q8_0,
+    to_bf16,
+)
 from eyas.model.registry import model_class
 
 
@@ -130,15 +140,20 @@ def _install_gguf_weights(model: torch.nn.Module, cfg: ModelConfig, dtype: torch
     return set(shards)
 
 
-def linears_to_int8(model: torch.nn.Module) -> None:
-    """Every ``Linear`` of ``model`` whose rows are whole 32-weight blocks becomes per-output-channel int8, copied
-    into one arena (a tied head gets its own int8 copy)."""
+QUANTIZERS = {"I8_ROW": quantize_int8, "Q8_0": quantize_q8_0}  # the formats eyas makes from float weights at load
+
+
+def linears_to_int8(model: torch.nn.Module, fmt: str = "I8_ROW") -> None:
+    """Every ``Linear`` of ``model`` whose rows are whole 32-weight blocks becomes int8 rows of ``fmt``: per-output-
+    channel ``I8_ROW`` (``quantization="int8"``) or ``Q8_0`` blocks (a drafter beside a quantized target), copied
+    into one arena (a tied head gets its own copy)."""
     linears = [(path, m) for path, m in model.named_modules()
                if isinstance(m, Linear) and m.in_features % KERNEL_ALIGN == 0]
-    arena = Arena(sum(m.weight.numel() for _, m in linears))
+    block = FORMATS[fmt]
+    arena = Arena(sum(m.weight.numel() // block.block_size * block.block_bytes for _, m in linears))
     for path, module in linears:
         bias = None if module.bias is None else module.bias.detach()
-        model.set_submodule(path, QuantLinear([quantize_int8(module.weight, arena)], bias))
+        model.set_submodule(path, QuantLinear([QUANTIZERS[fmt](module.weight, arena)], bias))
 
 
 def _install_bf16(model: torch.nn.Module, dtype: torch.dtype) -> None:

@@ -138,6 +138,24 @@ def quantize_int8(weight: torch.Tensor, arena: Arena | None = None) -> QuantWeig
     return QuantWeight(data, FORMATS["I8_ROW"], w.shape[1], scale.contiguous())
 
 
+def quantize_q8_0(weight: torch.Tensor, arena: Arena | None = None) -> QuantWeight:
+    """GGUF Q8_0 rows of the [N, K] weight (K a multiple of 32): per block of 32, the float16 scale
+    d = max|w| / 127 and q = round(w / d) with that rounded d (so d * q is as close to w as the stored d allows),
+    in ``arena`` when given. Finer than ``quantize_int8``'s one scale a row, and at matmul precision "low" its
+    rows interleave for the VNNI products (``QuantWeight.interleave``)."""
+    w = weight.detach().float()
+    n, k = w.shape
+    blocks = w.view(n, k // 32, 32)
+    d = (blocks.abs().amax(dim=2) / 127).to(torch.float16)  # [N, K/32]
+    q = torch.round(blocks / torch.where(d == 0, 1.0, d.float())[..., None]).clamp_(-127, 127).to(torch.int8)
+    row_bytes = k // 32 * FORMATS["Q8_0"].block_bytes
+    data = torch.empty(n, row_bytes, dtype=torch.uint8) if arena is None else arena.take(n, row_bytes)
+    records = data.view(n, k // 32, FORMATS["Q8_0"].block_bytes)  # each block: d (2 bytes), then 32 quants
+    records[:, :, :2] = d.view(torch.uint8).view(n, k // 32, 2)
+    records[:, :, 2:] = q.view(torch.uint8)
+    return QuantWeight(data, FORMATS["Q8_0"], k)
+
+
 @functools.cache
 def _kernel(isa: str, variant: str | None = None) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr] | None:
     from eyas import kernels

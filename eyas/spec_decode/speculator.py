@@ -112,10 +112,10 @@ class HiddenStateSpeculator(Proposer):
     def __init__(self, spec, config: EngineConfig, target):
         self.parallel = getattr(spec.options, "parallel_drafting", False)
         path = spec.options.model if spec.options.model is not None else self._default_path(config.model)
-        # a target on eyas's CPU kernels (quantized weights): the drafter's matrices become int8 rows
+        # a target on eyas's CPU kernels (quantized weights): the drafter's matrices become Q8_0 blocks
+        precision = config.matmul_precision if config.quantization is not None else None
         self.drafter = load_drafter(path, target, dtype=config.dtype, device=config.device,
-                                    max_positions=config.max_positions, method=self.method,
-                                    int8_rows=config.quantization is not None)
+                                    max_positions=config.max_positions, method=self.method, matmul_precision=precision)
         self._check_parallel(spec.num_speculative_tokens)
         self.aux_layer_ids = self.drafter.aux_layer_ids
         self.needs_hidden_states = self.drafter.target_hidden == "last"
