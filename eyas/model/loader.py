@@ -93,11 +93,12 @@ def load_model(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, max_p
     return model
 
 
-def set_matmul_precision(model: torch.nn.Module, precision: str) -> None:
+def set_matmul_precision(model: torch.nn.Module, precision: str, split_attention: bool = True) -> None:
     """Every quantized product of ``model`` at ``precision``. At "low" the attention's q/k/v split their activations
     in two int8 rows (``QuantLinear.set_matmul_precision``): q and k meet in the softmax, and their int8 rounding was
-    the largest share of "low"'s logit error (docs/cpu-weights.md)."""
-    softmax_inputs = {m.qkv_proj for m in model.modules() if isinstance(m, Attention)}
+    the largest share of "low"'s logit error (docs/cpu-weights.md). ``split_attention=False`` leaves them whole (a
+    drafter, whose outputs only propose)."""
+    softmax_inputs = {m.qkv_proj for m in model.modules() if isinstance(m, Attention)} if split_attention else set()
     for module in model.modules():
         if isinstance(module, QuantLinear):
             module.set_matmul_precision(precision, split=precision == "low" and module in softmax_inputs)

@@ -143,17 +143,17 @@ def quantize_q8_0(weight: torch.Tensor, arena: Arena | None = None) -> QuantWeig
     d = max|w| / 127 and q = round(w / d) with that rounded d (so d * q is as close to w as the stored d allows),
     in ``arena`` when given. Finer than ``quantize_int8``'s one scale a row, and at matmul precision "low" its
     rows interleave for the VNNI products (``QuantWeight.interleave``)."""
-    w = weight.detach().float()
+    fmt, w = FORMATS["Q8_0"], weight.detach().float()
     n, k = w.shape
-    blocks = w.view(n, k // 32, 32)
-    d = (blocks.abs().amax(dim=2) / 127).to(torch.float16)  # [N, K/32]
+    nb = k // fmt.block_size
+    blocks = w.view(n, nb, fmt.block_size)
+    d = (blocks.abs().amax(dim=2) / 127).to(torch.float16)  # [N, nb]
     q = torch.round(blocks / torch.where(d == 0, 1.0, d.float())[..., None]).clamp_(-127, 127).to(torch.int8)
-    row_bytes = k // 32 * FORMATS["Q8_0"].block_bytes
-    data = torch.empty(n, row_bytes, dtype=torch.uint8) if arena is None else arena.take(n, row_bytes)
-    records = data.view(n, k // 32, FORMATS["Q8_0"].block_bytes)  # each block: d (2 bytes), then 32 quants
-    records[:, :, :2] = d.view(torch.uint8).view(n, k // 32, 2)
+    data = torch.empty(n, nb * fmt.block_bytes, dtype=torch.uint8) if arena is None else arena.take(n, nb * fmt.block_bytes)
+    records = data.view(n, nb, fmt.block_bytes)  # each block: d (2 bytes), then its quants
+    records[:, :, :2] = d.view(torch.uint8).view(n, nb, 2)
     records[:, :, 2:] = q.view(torch.uint8)
-    return QuantWeight(data, FORMATS["Q8_0"], k)
+    return QuantWeight(data, fmt, k)
 
 
 @functools.cache

@@ -50,8 +50,7 @@ from eyas.model.drafters.eagle3 import Eagle3Drafter
 from eyas.model.drafters.layout import LAYOUTS, UNMARKED, TensorFiles, checkpoint_names, is_norm_weight, prefix_renames
 from eyas.model.drafters.mtp import MtpDrafter
 from eyas.model.layers import RotaryEmbedding
-from eyas.model.loader import linears_to_int8
-from eyas.model.quantized import QuantLinear
+from eyas.model.loader import linears_to_int8, set_matmul_precision
 
 logger = logging.getLogger("eyas")
 CONVENTIONS = ("vllm", "specforge")
@@ -148,9 +147,7 @@ def load_drafter(path: str | os.PathLike, target: torch.nn.Module, *, dtype: tor
     if matmul_precision is not None:
         linears_to_int8(drafter, "Q8_0")
         if matmul_precision == "low":
-            for module in drafter.modules():
-                if isinstance(module, QuantLinear):
-                    module.set_matmul_precision("low")
+            set_matmul_precision(drafter, "low", split_attention=False)
     return drafter
 
 
