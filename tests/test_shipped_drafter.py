@@ -16,8 +16,7 @@ import json
 import pytest
 from safetensors import safe_open
 
-import eyas.model.quantized as Q
-from eyas import LLM, SamplingParams, kernels
+from eyas import LLM, SamplingParams
 from eyas.data.prompts import HELD_OUT_START, chat_prompts
 from eyas.drafters import shipped_drafter
 from eyas.model.quantized import QuantLinear
@@ -58,8 +57,7 @@ def test_default_eagle3_uses_the_shipped_drafter_losslessly_with_acceptance_abov
     low = spec.engine.config.matmul_precision == "low"
     assert len(linears) >= 6 and {p.fmt.name for m in linears for p in m.parts} == {"Q8_0_R16" if low else "Q8_0"}
     if low:  # none of its products splits its activations (its q/k/v only propose drafts)
-        whole = Q.q8_kernel(kernels.cpu_isa(), kernels.dot_variant("q8_gemm"))
-        assert all(call[0] is whole for m in linears for call in m.calls)
+        assert {call[0].__name__ for m in linears for call in m.calls} == {"eyas_q8_gemm"}
     assert spec.engine.config.speculative.num_speculative_tokens == json.loads(
         (shipped_drafter("eagle3") / "config.json").read_text())["num_speculative_tokens"]
     outs = spec.generate(prompts, params, use_tqdm=False)
