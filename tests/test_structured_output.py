@@ -238,3 +238,34 @@ def test_n_samples_and_prefix_caching_each_follow_their_own_grammar_position(tin
         assert out.num_cached_tokens > 0
         for c in out.outputs:
             jsonschema.validate(json.loads(c.text), SCHEMA)
+
+
+def test_greedy_picks_under_a_mask_equal_the_argmax_of_the_masked_row():
+    """The greedy shortcuts (a draft's ``_masked_argmax``, verification's ``GrammarMasks.argmax``) mask only the rows
+    whose best token is forbidden; every row must still get the masked row's argmax. Rows of 100 tokens (4 mask
+    words, the last partly past the vocabulary) with many ties, masks that allow everything, one token, a random
+    share, or only tokens the row puts at -inf; every other row without a grammar for the drafts."""
+    import numpy as np
+
+    from eyas.sampling.grammar import allowed_tokens
+    from eyas.sampling.grammar_masks import GrammarMasks
+    from eyas.sampling.row_ops import argmax
+    from eyas.spec_decode.draft_sampling import _mask, _masked_argmax
+
+    generator = torch.Generator().manual_seed(0)
+    vocab, words, rows = 100, 4, 64
+    logits = torch.randint(0, 6, (rows, vocab), generator=generator).float()  # [R, V] many ties
+    bits = torch.rand(rows, words * 32, generator=generator) < torch.rand(rows, 1, generator=generator)
+    bits[0] = True
+    bits[2], bits[2, 77] = False, True
+    logits[4, :50] = -float("inf")  # row 4 allows only tokens it puts at -inf
+    bits[4], bits[4, 3] = False, True
+    bits[:, vocab:] = False
+    packed = np.stack([np.packbits(b.numpy(), bitorder="little").view(np.uint32) for b in bits])  # [R, W]
+    bitmasks = {r: packed[r] for r in range(0, rows, 2)}
+    best = logits.argmax(-1)
+    forbidden = [r for r in bitmasks if not bits[r, best[r]]]
+    assert 0 < len(forbidden) < len(bitmasks) and 2 in forbidden and 4 in forbidden  # both paths run
+    assert torch.equal(_masked_argmax(logits, bitmasks), argmax(_mask(logits, bitmasks)))
+    masks = GrammarMasks(allowed_tokens(torch.from_numpy(packed.view(np.int32)), vocab))
+    assert torch.equal(masks.argmax(logits), argmax(masks.apply(logits)))

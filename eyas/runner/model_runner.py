@@ -159,10 +159,11 @@ class ModelRunner:
         params = [e.request.params for e in entries]
         logits = penalize(logits, [(e.request.params, e.request.token_ids, e.request.num_prompt_tokens,
                                     e.draft_token_ids) for e in entries])
+        if all(p.greedy for p in params):
+            tokens = masks.argmax(logits) if masks is not None else argmax(logits)  # [N]
+            return greedy_verify(tokens[pad], drafts, num_drafts)
         if masks is not None:
             logits = masks.apply(logits)
-        if all(p.greedy for p in params):
-            return greedy_verify(argmax(logits)[pad], drafts, num_drafts)
         width = pad.shape[1]
         seeds = [e.request.seed for e in entries]
         positions = [[e.request.num_tokens + j for j in range(width)] for e in entries]

@@ -28,6 +28,7 @@ import torch
 
 from eyas.sampling.grammar import GrammarState, allowed_tokens, one_token_mask
 from eyas.sampling.grammar_budget import HORIZON
+from eyas.sampling.row_ops import argmax
 
 
 @dataclass
@@ -37,6 +38,15 @@ class GrammarMasks:
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """New logits [N, V] with the disallowed tokens at -inf (the input is kept for raw logprobs)."""
         return logits.masked_fill(~self.allowed, -math.inf)
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """``argmax(apply(logits))`` [N], masking only the rows whose best token is disallowed: where that token is
+        allowed, no token before it ties it, so the masked row's argmax is the same."""
+        tokens = argmax(logits)
+        off = (~self.allowed.gather(1, tokens[:, None])).squeeze(1).nonzero().squeeze(1)  # [N']
+        if len(off):
+            tokens[off] = argmax(logits[off].masked_fill(~self.allowed[off], -math.inf))
+        return tokens
 
     def restrict(self, draft_probs: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Draft probabilities [R, k, V] renormalised over what the grammar allows at their rows [R, k].

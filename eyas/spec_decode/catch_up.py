@@ -40,6 +40,7 @@ them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -91,9 +92,10 @@ class CatchUp:
         bits = self.filled[blocks[:-(-start // self.block_size)]].ravel()[:start]
         return start if bits.all() else int(bits.argmin())
 
-    def batch(self, inp: ProposerInput, next_ids: torch.Tensor, hidden: torch.Tensor) -> DraftBatch | None:
+    def batch(self, inp: ProposerInput, next_ids: Callable[[], torch.Tensor], hidden: torch.Tensor
+              ) -> DraftBatch | None:
         """Store this step's ``hidden`` [num_tokens, H_in], then the batch the draft prefill runs over (None: no
-        request drafts); ``next_ids`` [num_tokens] is the token after each layout row."""
+        request drafts); ``next_ids()`` [num_tokens] is the token after each layout row (called only for a batch)."""
         table = block_table_tensor([t[self.store.kv_cache_group] for t in inp.block_tables])  # [B, blocks]
         _, slots = layout_slots(table, inp.query_start_loc, inp.seq_lens, self.block_size)
         self.store.write(hidden[:, None], slots.to(self.device))
@@ -121,20 +123,21 @@ class CatchUp:
         if not requests:
             return None
         if len(requests) == len(seq_lens) and not tokens:
-            return DraftBatch.of_layout(inp, next_ids, hidden)
+            return DraftBatch.of_layout(inp, next_ids(), hidden)
         if tokens:
             at = torch.tensor(positions, dtype=torch.int64)  # [C, 2] (layout request b, position)
             caught = at[:, 1]
             caught_slots = table[at[:, 0], caught // self.block_size] * self.block_size + caught % self.block_size
             flat[caught_slots.numpy()] = True
-            next_ids = torch.cat([next_ids, torch.tensor(tokens, dtype=next_ids.dtype, device=next_ids.device)])
+            laid_out = next_ids()
+            ids = torch.cat([laid_out, torch.tensor(tokens, dtype=laid_out.dtype, device=laid_out.device)])
             hidden = torch.cat([hidden, self.store.gather(caught_slots.to(self.device))[:, 0]])
             all_positions = torch.cat([inp.positions, caught.to(inp.positions.device)])
         else:
-            all_positions = inp.positions
+            ids, all_positions = next_ids(), inp.positions
         index = torch.tensor(rows, dtype=torch.int64, device=self.device)
         query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int64)
         query_start_loc[1:] = torch.tensor(q_lens).cumsum(0)
-        return DraftBatch(next_ids.index_select(0, index), all_positions.index_select(0, index),
+        return DraftBatch(ids.index_select(0, index), all_positions.index_select(0, index),
                           hidden.index_select(0, index), query_start_loc, torch.tensor([seq_lens[b] for b in requests]),
                           requests)

@@ -55,11 +55,12 @@ class DraftSampler:
     def sample(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """logits [R, vocab] float32 of the drafts at sequence positions [R] -> tokens [R] int64."""
         walking = [r for r, w in enumerate(self.walks) if w is not None]
-        if walking:
-            logits = self._mask(logits, walking)
+        bitmasks = {r: self.walks[r].bitmask() for r in walking}  # [W] uint32 each
         if self.all_greedy:
-            tokens = argmax(logits)
+            tokens = _masked_argmax(logits, bitmasks)
         else:
+            if walking:
+                logits = _mask(logits, bitmasks)
             logprobs = self.sampler.processed_logprobs(logits, dataclasses.replace(self.batch, positions=positions))
             stream = 0 if self.verification == "shared_noise" else DRAFT_NOISE_STREAM
             if self.verification == "rejection":
@@ -75,15 +76,33 @@ class DraftSampler:
                     walk.advance(drafted[r])
         return tokens
 
-    def _mask(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        """logits [R, V] with the tokens each walking row's grammar forbids at -inf."""
-        bitmask = torch.from_numpy(np.stack([self.walks[r].bitmask() for r in rows]).view(np.int32))  # [G, W]
-        allowed = torch.ones_like(logits, dtype=torch.bool)
-        allowed[rows] = allowed_tokens(bitmask, logits.shape[-1]).to(logits.device)
-        masked = logits.masked_fill(~allowed, -math.inf)
-        dead = ~torch.isfinite(masked).any(dim=-1, keepdim=True)  # nothing the drafter likes is allowed
-        return torch.where(dead, torch.where(allowed, 0.0, -math.inf), masked)
-
     def draft_probs(self) -> torch.Tensor | None:
         """[R, k, vocab] for rejection sampling, or None (greedy, or shared-noise verification)."""
         return torch.stack(self._probs, dim=1) if self._probs else None
+
+
+def _mask(logits: torch.Tensor, bitmasks: dict[int, np.ndarray]) -> torch.Tensor:
+    """logits [R, V] with the tokens each row's grammar bitmask (``GrammarState.bitmask``; rows without one: none)
+    forbids at -inf."""
+    rows = list(bitmasks)
+    bitmask = torch.from_numpy(np.stack([bitmasks[r] for r in rows]).view(np.int32))  # [G, W]
+    allowed = torch.ones_like(logits, dtype=torch.bool)
+    allowed[rows] = allowed_tokens(bitmask, logits.shape[-1]).to(logits.device)
+    masked = logits.masked_fill(~allowed, -math.inf)
+    dead = ~torch.isfinite(masked).any(dim=-1, keepdim=True)  # nothing the drafter likes is allowed
+    return torch.where(dead, torch.where(allowed, 0.0, -math.inf), masked)
+
+
+def _masked_argmax(logits: torch.Tensor, bitmasks: dict[int, np.ndarray]) -> torch.Tensor:
+    """``argmax(_mask(logits, bitmasks))`` [R], masking only the rows whose best token the grammar forbids: where
+    it allows that token, no token before it ties it, so the masked row's argmax is the same. Masking a row of
+    a 49k vocabulary costs about 0.6 ms; testing one bit, nothing."""
+    tokens = argmax(logits)
+    if not bitmasks:
+        return tokens
+    best = tokens.tolist()
+    off = [r for r, mask in bitmasks.items()
+           if best[r] >= 32 * len(mask) or not (int(mask[best[r] >> 5]) >> (best[r] & 31)) & 1]
+    if off:
+        tokens[off] = argmax(_mask(logits[off], {i: bitmasks[r] for i, r in enumerate(off)}))
+    return tokens

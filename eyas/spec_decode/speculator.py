@@ -214,8 +214,9 @@ class HiddenStateSpeculator(Proposer):
     def propose(self, inp: ProposerInput) -> ProposerOutput:
         dev, num_rows = self.device, len(inp.sample_rows)
         hidden = inp.aux_hidden_states.flatten(1) if self.drafter.target_hidden == "aux" else inp.hidden_states
-        next_ids = self._next_tokens(inp)
-        batch = self.catch_up.batch(inp, next_ids, hidden) if self.catch_up else DraftBatch.of_layout(inp, next_ids, hidden)
+        next_ids = functools.partial(self._next_tokens, inp)  # built only for a step that drafts
+        batch = (self.catch_up.batch(inp, next_ids, hidden) if self.catch_up
+                 else DraftBatch.of_layout(inp, next_ids(), hidden))
         drafting = [r for r, n in enumerate(inp.expected_drafts) if n > 0]  # the other rows get no drafts
         out = ProposerOutput(torch.zeros(num_rows, self.k, dtype=torch.int64, device=dev),
                              torch.zeros(num_rows, dtype=torch.int64, device=dev))
