@@ -38,7 +38,9 @@ def test_the_curve_is_measured_once_then_read(tmp_path, records, monkeypatch):
     saved = json.loads(record.read_text())
     assert saved["rows"] == list(row_cost.ROWS) and saved["costs"][0] == 1.0
     assert saved["costs"] == sorted(saved["costs"])  # a row never costs less than none
-    assert first == RowCost(tuple(zip(saved["rows"], saved["costs"])))
+    # attention per key: the committed row reads the K/V, a further row adds its arithmetic
+    assert 0 < saved["per_key"] < saved["first_key"] < 0.01
+    assert first == RowCost(tuple(zip(saved["rows"], saved["costs"])), saved["first_key"], saved["per_key"])
 
     def no_measuring(*_):
         raise AssertionError("measured again")
@@ -53,21 +55,30 @@ def test_the_curve_is_measured_once_then_read(tmp_path, records, monkeypatch):
 
 
 def test_a_changed_record_changes_the_decision(tmp_path, records):
-    """The same request and acceptance: on a flat recorded curve all 4 drafts are verified, on a steep one none."""
+    """The same request and acceptance: on a flat recorded curve all 4 drafts are verified, on a steep one none;
+    on the flat curve with a recorded attention cost, all 4 at a context of 100 keys and 1 at 4,000 (each draft row
+    reads them all), and 3 when the committed row's own attention makes the step dearer (drafts then cost less of
+    it)."""
     path = write_quantized_gguf(tmp_path / "q.gguf")
     _llm(path)
     [record] = records.glob("*.json")
     decisions = {}
-    for name, costs in {"flat": [1.0 + 0.01 * (n - 1) for n in row_cost.ROWS],
-                        "steep": [float(n) for n in row_cost.ROWS]}.items():
-        record.write_text(json.dumps({"rows": list(row_cost.ROWS), "costs": costs, "what": name}))
+    flat = [1.0 + 0.01 * (n - 1) for n in row_cost.ROWS]
+    for name, costs, first_key, per_key in [("flat", flat, 0.0, 0.0), ("steep", [float(n) for n in row_cost.ROWS],
+                                             0.0, 0.0), ("attention", flat, 0.0, 1e-4),
+                                            ("dear step", flat, 5e-4, 1e-4)]:
+        record.write_text(json.dumps({"rows": list(row_cost.ROWS), "costs": costs, "first_key": first_key,
+                                      "per_key": per_key, "what": name}))
         cost = _llm(path).engine.scheduler.drafts.row_cost
-        assert cost(16) == costs[-1]
-        decisions[name] = allocate_drafts([(4, 0.7, 0)], 1, cost, max_drafts=4)
-    assert decisions == {"flat": [4], "steep": [0]}
-    record.write_text("not json")  # a record that cannot be read is measured again
-    assert _llm(path).engine.scheduler.drafts.row_cost(1) == 1.0
-    assert json.loads(record.read_text())["rows"] == list(row_cost.ROWS)
+        assert cost(16) == costs[-1] and (cost.first_key, cost.per_key) == (first_key, per_key)
+        decisions[name] = [allocate_drafts([(4, 0.7, 0)], 1, cost, max_drafts=4, contexts=[context])[0]
+                           for context in (100, 4000)]
+    assert decisions == {"flat": [4, 4], "steep": [0, 0], "attention": [4, 1], "dear step": [4, 3]}
+    for broken in ("not json", json.dumps({"rows": list(row_cost.ROWS), "costs": flat})):  # no attention: old
+        record.write_text(broken)  # a record that cannot be read is measured again
+        assert _llm(path).engine.scheduler.drafts.row_cost(1) == 1.0
+        assert json.loads(record.read_text())["rows"] == list(row_cost.ROWS)
+        assert json.loads(record.read_text())["per_key"] > 0
 
 
 def test_a_drafters_products_are_measured_once_per_drafter_then_read(records, monkeypatch):

@@ -66,7 +66,8 @@ class DraftPlanner:
         if self.adaptive:
             offers = [(len(d.tokens), self.records[i].budget.acceptance(), _leading(d.forced))
                       for i, d in offered.items()]
-            counts = allocate_drafts(offers, num_rows, self.row_cost, budget, self.step_cost)
+            counts = allocate_drafts(offers, num_rows, self.row_cost, budget, self.step_cost,
+                                     contexts=[request.num_tokens for request in sampling])
         else:  # every draft, first come first served within the budget
             counts = allocate_drafts([(len(d.tokens), 1.0, 0) for d in offered.values()], num_rows, FREE_ROWS, budget)
         return {i: _first(d, n) for (i, d), n in zip(offered.items(), counts)}
@@ -97,10 +98,12 @@ class DraftPlanner:
             offers[request.request_id] = (max(0, min(limit, room(request, 1))) if may else 0, acceptance, 0)
             rows = (record.behind if record else 0) + drafting.get(request.request_id, 0)
             entries.append(self.step_cost.catch_up(rows) / max(1, room(request, 0)))
-        counts = allocate_drafts(list(offers.values()), num_rows, self.row_cost, budget, self.step_cost, entries)
+        contexts = [request.num_tokens + 1 for request in sampling]  # after this step's token
+        counts = allocate_drafts(list(offers.values()), num_rows, self.row_cost, budget, self.step_cost, entries,
+                                 contexts)
         if any(entries):
             decodes = allocate_drafts(list(offers.values()), len(offers), self.row_cost, budget, self.step_cost,
-                                      entries)
+                                      entries, contexts)
             counts = [n if not entry or steady else 0 for n, entry, steady in zip(counts, entries, decodes)]
         allocated = dict(zip(offers, counts))
         return {i: allocated.get(i, 0) for i in drafting}

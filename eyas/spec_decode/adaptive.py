@@ -35,7 +35,9 @@ prompts, 4 interleaved repeats, 2 threads: 1.05x plain against 1.05x).
 
 Per batch (``allocate_drafts``): a forward of n rows costs ``cost(n)`` (``RowCost``: on a CPU the curve
 measured for the target's products on this machine, ``eyas/runner/row_cost.py``; a user's
-``SpeculativeConfig.draft_row_cost`` c makes it the line ``1 + c * n``), plus s when it verifies any draft the
+``SpeculativeConfig.draft_row_cost`` c makes it the line ``1 + c * n``), plus its attention (on a CPU, per key of
+each request's context: once for its committed row, and again at a lower rate for each draft row), plus s when it
+verifies any draft the
 drafter made (s = the drafter's step cost, ``DraftCost``, by how many requests it drafts for and how deep: what a
 drafter that leaves out the requests told 0 spends on a step it drafts in; 0 for cheap proposers;
 ``SpeculativeConfig.draft_step_cost`` makes it flat), and a step emits E tokens, one
@@ -168,9 +170,21 @@ class RowCost:
 
     Example (the GGUF kernels at "highest", AMD Zen 4, 2 threads): (1, 1.00), (2, 1.10), (3, 1.22), (4, 1.38), (5, 1.76)
     ...: up to 4 rows share a register tile, so a 2-row verification costs 1.10 forwards, not the 1.16 of the
-    straight line fitted over 1..16 rows (c = 0.19), and a 5th row costs 0.38."""
+    straight line fitted over 1..16 rows (c = 0.19), and a 5th row costs 0.38.
+
+    The points are the matrix products'. Attention grows with the keys a row reads, so a request of context L adds
+    ``first_key * L`` for the row of its committed token and ``per_key * L`` for each draft row
+    (``attention(contexts, drafts)``): on the default model, one Zen 4 thread, a row of 400 keys adds about 0.11
+    one-row forwards and one of 4,000 keys 1.1, where a draft row's products cost 0.13. ``linear(c)`` leaves
+    them out (a user's line)."""
 
     points: tuple[tuple[int, float], ...]  # rows ascending, at least two
+    first_key: float = 0.0  # a request's committed row, per key of its context (its K/V read once a step)
+    per_key: float = 0.0  # each further row of the request (a draft), per key: the arithmetic of another query
+
+    def attention(self, context: int, rows: int) -> float:
+        """The attention of a request of ``context`` keys with ``rows`` rows (its committed token, then drafts)."""
+        return context * (self.first_key + self.per_key * (rows - 1)) if rows else 0.0
 
     @classmethod
     def linear(cls, c: float) -> "RowCost":
@@ -241,8 +255,8 @@ NO_DRAFT_COST = DraftCost()  # a proposer whose drafting is cheap, or that draft
 
 
 def allocate_drafts(offers: list[tuple[int, float, int]], num_rows: int, cost: RowCost,
-                    max_drafts: int, step_cost: DraftCost = NO_DRAFT_COST, entries: list[float] | None = None
-                    ) -> list[int]:
+                    max_drafts: int, step_cost: DraftCost = NO_DRAFT_COST, entries: list[float] | None = None,
+                    contexts: list[int] | None = None) -> list[int]:
     """How many drafts each sampling request verifies this step (see the module docstring).
 
     ``offers[i]`` = (drafts request i may verify, its acceptance estimate, how many of them lead
@@ -250,9 +264,12 @@ def allocate_drafts(offers: list[tuple[int, float, int]], num_rows: int, cost: R
     forward's cost by its rows; ``max_drafts``: what the token budget
     leaves for drafts; ``step_cost``: the drafter's work, paid by a step that verifies drafts it made, by the
     requests it drafts for and their most drafts (forced drafts need none); ``entries[i]``: what request i's
-    first draft made by the drafter costs on top (its share of a catch-up, ``DraftPlanner.expected``).
+    first draft made by the drafter costs on top (its share of a catch-up, ``DraftPlanner.expected``);
+    ``contexts[i]``: the keys request i's rows attend to (``RowCost.attention``; None: none counted).
     """
     entries = entries or [0.0] * len(offers)
+    contexts = contexts or [0] * len(offers)
+    attention = sum(cost.attention(context, 1) for context in contexts)  # the committed rows'
     gains = sorted(((acceptance ** max(0, j - certain), j <= certain, i)
                     for i, (n, acceptance, certain) in enumerate(offers) for j in range(1, n + 1)),
                    key=lambda gain: -gain[0])[:max_drafts]  # stable: a request's drafts stay in order; forced first
@@ -260,15 +277,16 @@ def allocate_drafts(offers: list[tuple[int, float, int]], num_rows: int, cost: R
     made = [0] * len(offers)  # per request: drafts of the prefix that the drafter made
     requests = depth = 0
     entered = 0.0  # the entries of the requests the drafter drafts for
-    best, take = tokens / cost(num_rows), 0  # E / cost of the best prefix of ``gains``, and its length
+    best, take = tokens / (cost(num_rows) + attention), 0  # E / cost of the best prefix of ``gains``, and its length
     for m, (gain, certain, i) in enumerate(gains, start=1):
         tokens += gain
+        attention += cost.per_key * contexts[i]
         if not certain:
             made[i] += 1
             requests += made[i] == 1
             entered += entries[i] if made[i] == 1 else 0.0
             depth = max(depth, made[i])
-        rate = tokens / (cost(num_rows + m) + step_cost(requests, depth) + entered)
+        rate = tokens / (cost(num_rows + m) + attention + step_cost(requests, depth) + entered)
         if rate >= best:
             best, take = rate, m
     counts = [0] * len(offers)

@@ -39,7 +39,7 @@ import torch
 from eyas import kernels
 from eyas.model.attention.base import AttentionBackend, AttentionBatch, UniformBatch, uniform_slots
 
-_CACHE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+CACHE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 
@@ -108,7 +108,7 @@ class CpuBackend(AttentionBackend):
         assert kv_cache.is_contiguous()  # [K/V, slots, KVH, D]
         _, num_slots, num_kv_heads, _ = kv_cache.shape
         status = self._kernel(q32.data_ptr(), strides[0][0], k.data_ptr(), strides[1][0], v.data_ptr(), strides[2][0],
-                              kv_cache.data_ptr(), num_slots, _CACHE_DTYPES[cache_dtype], out.data_ptr(), num_heads,
+                              kv_cache.data_ptr(), num_slots, CACHE_DTYPES[cache_dtype], out.data_ptr(), num_heads,
                               num_kv_heads, head_dim, head_dim ** -0.5, *meta.kernel_args, torch.get_num_threads())
         if status != 0:
             raise MemoryError("paged attention kernel: out of memory for its work buffers")
