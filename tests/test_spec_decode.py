@@ -343,9 +343,10 @@ LOW_ROWS = ((1, 1.0), (2, 1.07), (4, 1.22), (8, 1.64), (16, 2.89))
 
 
 def test_draft_cost_grows_with_the_requests_drafted_for():
-    """DraftCost's formulas, written out here: d base + P(2r) - P(2) + (d - 1) (P(r) - P(1)) for a chain drafter
-    (a pass a draft), (1 + [d > 1]) base + P(2r) - P(2) + P((d - 1) r) - P(d - 1) for a parallel one (the prefill,
-    then one forward of mask rows); nothing when no request drafts; a flat figure for any step that drafts."""
+    """DraftCost's formulas, written out here: fixed + d base + P(2r) - P(2) + (d - 1) (P(r) - P(1)) for a chain
+    drafter (a pass a draft), fixed + (1 + [d > 1]) base + P(2r) - P(2) + P((d - 1) r) - P(d - 1) for a parallel one
+    (the prefill, then one forward of mask rows); nothing when no request drafts; a flat figure for any step that
+    drafts."""
     from eyas.spec_decode.adaptive import DraftCost, RowCost
 
     p = RowCost(DRAFTER_PRODUCTS)
@@ -359,6 +360,11 @@ def test_draft_cost_grows_with_the_requests_drafted_for():
     assert parallel(8, 3) == pytest.approx(0.30 + 0.254 - 0.065 + 0.254 - 0.065)  # 16 mask rows, one pass
     assert chain(3, 2) == pytest.approx(0.30 + (0.085 + 0.149) / 2 - 0.065 + (0.065 + 0.085) / 2 - 0.052)
     assert flat(16, 4) == 0.15
+    # a fixed part, paid once by a step that drafts: s(1, d) = fixed + d base
+    fixed = DraftCost(0.18, p, fixed=0.18)
+    assert fixed(0, 3) == fixed(2, 0) == 0.0
+    assert [fixed(1, d) for d in (1, 3)] == pytest.approx([0.36, 0.72])
+    assert fixed(8, 3) == pytest.approx(chain(8, 3) + 0.18 + 3 * 0.03)
 
 
 def test_a_drafter_that_costs_more_at_batch_8_drafts_less_there():

@@ -59,10 +59,11 @@ all 8 drafts (the 8th is worth 0.27 >= 0.17), while 8 requests with acceptance 0
 first is worth 0.5 >= 0.29; then a second, worth 0.25, falls short of 0.33). With c = 0.07 and s = 0.35 (k =
 1) one request at acceptance 0.5 drafts (1.5 tokens for 1.49 beat 1 for 1.07), at 0.36 it does not (1.36 /
 1.49 < 1 / 1.07); 14 requests at 0.5 would take a draft each, but 21 tokens for 3.31 fall short of 14 for
-1.98, so none drafts. On the GGUF curve with the hidden-state drafters' s = 0.15, one request drafts one token
-from an acceptance of 0.27 (1.27 tokens for 1.12 + 0.15), where the line fitted to the same curve (c = 0.25)
-wanted 0.48 with s = 0.35. Leading drafts forced by the request's grammar (``eyas.sampling.grammar``) are
-certain, worth 1 each, and need no drafter (no s); the drafts after them are worth a, a^2, ...
+1.98, so none drafts. On the GGUF curve with the hidden-state drafters' s = 0.11 + 0.18 = 0.29 for one draft,
+one request drafts one token from an acceptance of 0.41 (1.41 tokens for 1.12 + 0.29), where the line fitted to
+the same curve (c = 0.25) wanted 0.48 with s = 0.35 (attention per key left out of these examples). Leading drafts
+forced by the request's grammar (``eyas.sampling.grammar``) are certain, worth 1 each, and need no drafter (no s);
+the drafts after them are worth a, a^2, ...
 
 **Retrying.** A request the cost model gives no drafts verifies nothing, so its budget learns
 nothing; the fade lets its estimate drift toward the prior, and it is verified again as soon as its
@@ -208,14 +209,16 @@ class DraftCost:
 
     ``base`` is what one pass of the drafter costs for one request, timed end to end at batch 1 (its forward, head,
     sampling, Python): a chain drafter makes d drafts in d passes (the draft prefill, then d - 1 decode steps), a
-    parallel one in at most 2 (the prefill, then one forward of mask rows). ``products`` is the drafter's own matrix
+    parallel one in at most 2 (the prefill, then one forward of mask rows). ``fixed`` is what a step that drafts
+    pays once, whatever the depth (the draft batch and the catch-up store, the grammar's walks, the draft prefill's
+    setup), so s(1, d) = fixed + d base for a chain. ``products`` is the drafter's own matrix
     products by rows, in one-row target forwards, measured on this machine
     (``eyas.runner.row_cost.measured_draft_products``); more requests add their growth: a draft prefill of about 2
     rows a request (the verified token and an accepted draft), then for a chain drafter d - 1 decode passes of r
     rows, for a parallel one a single forward of (d - 1) r mask rows::
 
-        s(r, d) = d base + P(2r) - P(2) + (d - 1) (P(r) - P(1))                    chain
-        s(r, d) = (1 + [d > 1]) base + P(2r) - P(2) + P((d - 1) r) - P(d - 1)     parallel
+        s(r, d) = fixed + d base + P(2r) - P(2) + (d - 1) (P(r) - P(1))                    chain
+        s(r, d) = fixed + (1 + [d > 1]) base + P(2r) - P(2) + P((d - 1) r) - P(d - 1)     parallel
 
     Without ``products`` (CUDA, a user's ``draft_step_cost``) s is ``base`` for any r > 0 and d > 0: a flat figure
     for a whole step. Example (the shipped EAGLE-3 drafter on one thread of an Emerald Rapids Xeon: base 0.15, P(1) =
@@ -224,7 +227,10 @@ class DraftCost:
     0.15 + 0.254 - 0.065 = 0.34, at depth 3 another 2 (0.15 + 0.149 - 0.052) = 0.49. Until 2026-11-29 a chain's
     d - 1 decode passes were left out at one request (0.15 at any depth), and EAGLE-3 verified 3 drafts a step at
     batch 1 on the Zen 4 host, where they made it 0.97-1.00x (``benchmarks/README.md``); the flat 0.15 before that
-    let it draft at batch 8 where its drafts did not pay.
+    let it draft at batch 8 where its drafts did not pay. The figures since 2026-11-29 (``Speculator.step_cost``):
+    base 0.18 and fixed 0.11, from a Zen 4 thread where a draft step took 1.72 ms at k = 1 and 3.46 at k = 3 with
+    every draft verified (0.3 ms of it paid without drafting too), and the target's one-row products 4.86 ms; with
+    base 0.15 alone a one-draft step was priced at 0.6 of what it took.
     """
 
     base: float = 0.0
@@ -233,6 +239,7 @@ class DraftCost:
     # the drafter leaves out the requests told 0 and, when it drafts for one again, first runs its prefill over the
     # rows it left out (eyas.spec_decode.catch_up): ``catch_up(rows)``
     catches_up: bool = False
+    fixed: float = 0.0  # a step that drafts, once (with ``products`` only: a flat figure is all in ``base``)
 
     def catch_up(self, rows: int) -> float:
         """What a catch-up over ``rows`` costs: the drafter's products over them (its attention left out)."""
@@ -248,7 +255,7 @@ class DraftCost:
             later = (depth > 1) * self.base + p((depth - 1) * requests) - p(depth - 1)
         else:
             later = (depth - 1) * (self.base + p(requests) - p(1))
-        return self.base + (p(2 * requests) - p(2)) + later  # d base (chain) at one request
+        return self.fixed + self.base + (p(2 * requests) - p(2)) + later  # fixed + d base (chain) at one request
 
 
 NO_DRAFT_COST = DraftCost()  # a proposer whose drafting is cheap, or that drafts whatever it is told

@@ -45,8 +45,9 @@ class SpeculativeConfig:
     # what drafting costs in a step in which some request drafts, as a fraction of a one-row forward, for a
     # proposer that leaves out the requests the scheduler expects to verify no drafts of (spec/adaptive.py):
     # drafts are verified only where they pay for it too. None = the proposer's figure for the device
-    # (``Proposer.step_cost``: for hidden-state drafters on a CPU 0.15 at one request, growing with the requests as
-    # their products measure on this machine; 0 on CUDA and for n-gram and suffix). A number here is flat.
+    # (``Proposer.step_cost``: for hidden-state drafters on a CPU 0.11 + 0.18 a pass at one request, growing with
+    # the requests as their products measure on this machine; 0 on CUDA and for n-gram and suffix). A number here is
+    # flat.
     draft_step_cost: float | None = None
     options: MethodOptions = MethodOptions()  # the method's own keys (its proposer's Options)
     wrappers: tuple[tuple[str, MethodOptions], ...] = ()  # (name, options) of each wrapper switched on, inner first

@@ -161,19 +161,21 @@ class HiddenStateSpeculator(Proposer):
                              f"drafter was trained for (parallel_drafting_depths in {config_file})")
 
     def step_cost(self, device_type: str, products: Callable[[torch.nn.Module], RowCost]) -> DraftCost:
-        """On a CPU: at one request, what leaving every request out of a step saves per drafter pass, in one-row
-        forwards of the target (not the whole draft step, since a left-out request's rows are caught up later,
-        ``eyas.spec_decode.catch_up``, and a step that drafts for nobody still builds its inputs), timed for the
-        shipped EAGLE-3 drafter at batch 1 (``bench_drafters.py``'s "draft step / decode": a step's time in the
-        proposer over k): 0.10-0.14 on 1 thread, 0.16 on 2 on a Xeon, 0.15-0.16 on a Zen 4 thread
-        (benchmarks/README.md); a chain of d drafts runs d passes, more requests add what the drafter's products,
-        measured on this CPU, grow by (``DraftCost``), and a request left out costs, when it drafts again, the
-        products of its catch-up. An MTP step runs the target's whole head and costs about 1.35x as much, so for
-        MTP the figure is low. On CUDA its graphs make it small: 0."""
+        """On a CPU: at one request, what leaving every request out of a step saves, in one-row products of the
+        target (the unit of ``RowCost``; a left-out request's rows are caught up later, ``eyas.spec_decode.catch_up``,
+        and a step that drafts for nobody still stores its inputs): a fixed part and one per drafter pass, timed
+        for the shipped EAGLE-3 drafter at batch 1 (``bench_drafters.py``'s "per step" at k = 1 and k = 3, every
+        draft verified, less the 0.3 ms the proposer takes in a step that drafts for nobody, over the target's
+        one-row products): 1.72 and 3.46 ms beside 4.86 ms on a Zen 4 thread, so a pass 0.18 and the rest 0.11 (with
+        0.18 for the rest too, EAGLE-3 never drafted on chat prompts and ran at 0.96x, against 0.98-1.00x with 0.11);
+        a chain of d drafts runs d passes, more requests add what the drafter's products, measured on
+        this CPU, grow by (``DraftCost``), and a request left out costs, when it drafts again, the products of its
+        catch-up. An MTP step runs the target's whole head and costs about 1.35x as much, so for MTP the figure is
+        low. On CUDA its graphs make it small: 0."""
         if device_type != "cpu":
             return NO_DRAFT_COST
-        return DraftCost(base=0.15, products=products(self.drafter), parallel=bool(self.drafter.parallel_depths),
-                         catches_up=self.catch_up is not None)
+        return DraftCost(base=0.18, fixed=0.11, products=products(self.drafter),
+                         parallel=bool(self.drafter.parallel_depths), catches_up=self.catch_up is not None)
 
     def kv_cache_groups(self) -> list[KVCacheGroupSpec]:
         groups = [KVCacheGroupSpec(f"{self.method}.{i}", (f"drafter.layers.{i}",),
