@@ -72,6 +72,10 @@ class FusedDecoder:
         self.plan = plan  # [num_layers, LAYER_WORDS] int64
         self.group = group  # the layers' KV-cache group (whose attention metadata they read)
         self._modules = modules  # the layers whose weights and caches the plan points into, kept alive with it
+        # the C loop's scratch, kept between calls at the most any call needed: a new one each call cost a prefill
+        # its pages anew (66 MB at 2,048 tokens of the default model, written once a call: a step cut at EAGLE-3's
+        # aux layers paid it four times)
+        self._work = torch.empty(0, dtype=torch.float32)
 
     @classmethod
     def build(cls, layers) -> FusedDecoder | None:
@@ -126,9 +130,11 @@ class FusedDecoder:
         run, work_floats = _kernel()
         model = ctypes.byref(self.model_struct)
         tokens = h.shape[0]
-        work = torch.empty(work_floats(model, tokens), dtype=torch.float32)
+        need = work_floats(model, tokens)
+        if self._work.numel() < need:
+            self._work = torch.empty(need, dtype=torch.float32)
         status = run(model, self.plan[start].data_ptr(), stop - start, h.data_ptr(), tokens, cos.data_ptr(),
-                     sin.data_ptr(), *meta.kernel_args, meta.zero_fill, work.data_ptr(), torch.get_num_threads())
+                     sin.data_ptr(), *meta.kernel_args, meta.zero_fill, self._work.data_ptr(), torch.get_num_threads())
         if status == -2:
             raise MemoryError("paged attention kernel: out of memory for its work buffers")
         if status != 0:
