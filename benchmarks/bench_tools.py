@@ -9,12 +9,13 @@ B = 8 (the tasks in batches of 8). Configurations, one engine each (prefix cachi
 * ``ngram``: prompt-lookup drafts plus the grammar's forced drafts (the wrapper, keys, punctuation);
 * ``eagle3``: the EAGLE-3 drafter eyas ships for the default model, plus forced drafts.
 
-Printed per row: tokens/s (generated tokens / wall time, prefill included), the ratio to ``none``,
-mean acceptance length, forced share (forced drafts accepted / all drafts accepted), outputs equal to
-``none`` token for token (greedy speculation must change nothing), and validity: for "required", the
-share of replies whose call parses and validates against its tool's schema (``jsonschema``), and how
-many replies ``--max-tokens`` cut (a call cut short is not returned: the only way a reply lacks a valid
-call); for "auto", how many replies made a call, and the share of those calls that validate. Each group of
+Printed per row: tokens/s (generated tokens / wall time, prefill included), the ratio to ``none``, at B = 1 the same
+ratio over the decode alone ("decode x": the tokens after each reply's first over the time from its first token to
+its last, so the prompt's prefill is left out), mean acceptance length, forced share (forced drafts accepted / all
+drafts accepted), outputs equal to ``none`` token for token (greedy speculation must change nothing), and validity:
+for "required", the share of replies whose call parses and validates against its tool's schema (``jsonschema``), and
+how many replies ``--max-tokens`` cut (a call cut short is not returned: the only way a reply lacks a valid call);
+for "auto", how many replies made a call, and the share of those calls that validate. Each group of
 tasks (one task at B = 1, eight at B = 8) is run ``--repeats`` times, the configurations taking turns on it, and
 each configuration's fastest run of each group counts (the host's speed drifts between runs; turns of one group
 share the drift).
@@ -93,6 +94,12 @@ def validity(replies: list[tuple[list, str]], tasks) -> tuple[int, int, int]:
     return made, valid, cut
 
 
+def decode_rate(outs) -> float:
+    """Tokens after each reply's first over the time from its first token to its last (replies run one at a time)."""
+    tokens = sum(len(o.outputs[0].token_ids) - 1 for o in outs)
+    return tokens / sum(o.metrics.finish_time - o.metrics.first_token_time for o in outs)
+
+
 def shown(choice: str, replies: list[tuple[list, str]], tasks) -> str:
     made, valid, cut = validity(replies, tasks)
     if choice == "auto":
@@ -147,8 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     names = args.configs.split(",")
     engines = {name: LLM(speculative_config=CONFIGS[name], enable_prefix_caching=False, max_num_seqs=8,
                          max_model_len=2048) for name in names}
-    print(f"{'choice':>8} {'B':>2} {'config':>7} {'tok/s':>7} {'ratio':>6} {'accept':>6} {'forced':>6} "
-          f"{'equal':>6} validity", flush=True)
+    print(f"{'choice':>8} {'B':>2} {'config':>7} {'tok/s':>7} {'ratio':>6} {'decode x':>8} {'accept':>6} "
+          f"{'forced':>6} {'equal':>6} validity", flush=True)
     rates: dict[tuple[str, int, str], float] = {}  # (choice, B, config) -> eyas's tok/s
     for choice in args.choices.split(","):
         for batch in args.batch_sizes:
@@ -181,8 +188,9 @@ def main(argv: list[str] | None = None) -> None:
                 accept = 1 + accepted / steps if steps else 1.0
                 equal = sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(outs, base_outs))
                 replies = [(o.outputs[0].tool_calls, o.outputs[0].finish_reason) for o in outs]
+                decode = f"{decode_rate(outs) / decode_rate(base_outs):8.2f}" if batch == 1 else f"{'-':>8}"
                 print(f"{choice:>8} {batch:>2} {name:>7} {tokens / seconds:7.1f} "
-                      f"{tokens / seconds / (base_tokens / base_seconds):6.2f} {accept:6.2f} "
+                      f"{tokens / seconds / (base_tokens / base_seconds):6.2f} {decode} {accept:6.2f} "
                       f"{delta['num_forced_accepted'] / max(accepted, 1):6.0%} {equal:>3}/{len(outs):<2} "
                       f"{shown(choice, replies, tasks)}", flush=True)
                 rates[(choice, batch, name)] = tokens / seconds
