@@ -17,7 +17,8 @@
  * visited a cache block at a time with an online softmax (a running maximum m and sum l per row):
  * scores of the block, then rescale the accumulators if the maximum moved, then add p * V. A block's K/V are
  * prefetched before its rows read them, and the next block's beside their work (prefetch_slots): the blocks sit
- * anywhere in the cache, and a decode's rows would otherwise wait on each block's lines in turn. Everything is
+ * anywhere in the cache, and a decode's rows would otherwise wait on each block's lines in turn. Beside an item's
+ * last block, the next item's first one (an item of every KV head: the next request's). Everything is
  * summed in float32; the cache may hold float32, bfloat16 or
  * float16 values (cache_dtype 0, 1, 2), widened exactly on load.
  *
@@ -310,12 +311,16 @@ static inline float max16(v16f v) {
  * added in key order. Every row's arithmetic is the same whatever the other rows (a verification's tokens,
  * the other heads), the batch or the thread count, as in attend_item. Against attend_item, B = 16 decode rows
  * of SmolLM2-135M's shape (9 heads, 3 KV heads, d = 64) on 2 threads: 438-467 -> 375-409 us a layer at 256
- * keys, 763-766 -> 600-617 us at 384 (Sapphire Rapids; in cache, one request: 142 -> 118 us at 1024 keys). */
+ * keys, 763-766 -> 600-617 us at 384 (Sapphire Rapids; in cache, one request: 142 -> 118 us at 1024 keys).
+ * after_k, after_v (NULL: none): the first of after_n slots of the block the next item reads first, prefetched into
+ * L2 beside this item's last block as a next block of its own would be. Every layer's cache cold, one Zen 4
+ * thread: B = 16 at 230 keys 437-453 -> 399-431 us a layer, B = 32 at 120 keys 501 -> 436, B = 8 at 500 keys
+ * 446 -> 423 (a request's first block had waited on memory whole). */
 static inline __attribute__((always_inline)) void attend_heads16(
         const float *q, int64_t q_stride, float *out, const void *k_cache, const void *v_cache, int cache_dtype,
         int64_t slot_stride, const int64_t *table, int64_t block_size, int64_t q_start, int64_t q_len, int64_t seq_len,
         int64_t kv0, int64_t nkv, int64_t groups, int64_t num_heads, const int64_t d, int64_t window, float scale,
-        float *work) {
+        float *work, const char *after_k, const char *after_v, int64_t after_n) {
     const int64_t heads = nkv * groups, rows = heads * q_len, nv = d / 16, width = nkv * d;
     float *qs = work;                      /* [rows, d] scaled queries; row r = token r / heads, head kv0 * groups + r % heads */
     float *acc = qs + rows * d;            /* [rows, d] */
@@ -337,6 +342,11 @@ static inline __attribute__((always_inline)) void attend_heads16(
         int64_t at = slot_at(table, start, block_size, slot_stride, kv0 * d);
         int64_t next = nn ? slot_at(table, start + block_size, block_size, slot_stride, kv0 * d) : at;
         const char *next_k = (const char *)k_cache + next * esz, *next_v = (const char *)v_cache + next * esz;
+        if (!nn && after_k) { /* the item's last block: the next item's first is the one to bring in */
+            next_k = after_k;
+            next_v = after_v;
+            nn = after_n;
+        }
         prefetch_slots((const char *)k_cache + at * esz, (const char *)v_cache + at * esz, 0, n, stride, width * esz,
                        1);
         rows_f32(k_cache, at, slot_stride, n, cache_dtype, width, kbuf, kp);
@@ -387,6 +397,26 @@ static inline __attribute__((always_inline)) void attend_heads16(
         }
     }
     finish_rows(out, q_start, rows, heads, kv0 * groups, num_heads, d, acc, l);
+}
+
+/* The cache element of the first slot item `item` reads (its first visible key's block, its first KV head) and
+ * how many of that block's slots it reads, through *slots. Items as eyas_paged_attention lays them out. */
+static int64_t item_first_slot(int64_t item, const int64_t *item0, int64_t num_reqs, const int64_t *q_len,
+                               const int64_t *seq_len, const int64_t *row, const int64_t *table, int64_t table_width,
+                               int64_t block_size, int64_t slot_stride, int64_t items, int64_t per_item, int64_t d,
+                               int64_t window, int64_t *slots) {
+    int64_t lo = 0, hi = num_reqs; /* the request n with item0[n] <= item < item0[n + 1] */
+    while (hi - lo > 1) {
+        int64_t mid = (lo + hi) / 2;
+        if (item0[mid] <= item) lo = mid; else hi = mid;
+    }
+    const int64_t n = lo, local = item - item0[n], c0 = local / items * Q_CHUNK;
+    const int64_t len = q_len[n] - c0 < Q_CHUNK ? q_len[n] - c0 : Q_CHUNK, ctx = seq_len[n] - q_len[n] + c0 + len;
+    int64_t first = ctx - len, start = window > 0 ? first - window + 1 : 0;
+    if (start < 0) start = 0;
+    start -= start % block_size;
+    *slots = ctx - start < block_size ? ctx - start : block_size;
+    return slot_at(table + row[n] * table_width, start, block_size, slot_stride, local % items * per_item * d);
 }
 
 /* First writes this step's K/V into the cache: token t's k and v rows ([num_kv_heads, d] each, in the
@@ -448,8 +478,17 @@ int eyas_paged_attention(const float *q, int64_t q_stride, const void *k, int64_
             const int64_t *tbl = table + row[n] * table_width;
 #define ITEM(D) attend_item(q, q_stride, out, k_cache, v_cache, cache_dtype, slot_stride, tbl, block_size, q0, len, \
                             ctx, g, groups, num_heads, D, window, scale, work)
+            const char *after_k = NULL, *after_v = NULL; /* items of every KV head: the next one's first block */
+            int64_t after_n = 0;
+            if (vec16 && per_item == num_kv_heads && item + 1 < item0[num_reqs]) {
+                int64_t first = item_first_slot(item + 1, item0, num_reqs, q_len, seq_len, row, table, table_width,
+                                                block_size, slot_stride, items, per_item, d, window, &after_n);
+                after_k = k_cache + first * elem;
+                after_v = v_cache + first * elem;
+            }
 #define HEADS16(D) attend_heads16(q, q_stride, out, k_cache, v_cache, cache_dtype, slot_stride, tbl, block_size, \
-                                  q0, len, ctx, g, per_item, groups, num_heads, D, window, scale, work)
+                                  q0, len, ctx, g, per_item, groups, num_heads, D, window, scale, work, after_k, \
+                                  after_v, after_n)
             if (vec16) {
                 switch (d) { /* common head dims get a copy specialised for them */
                     case 64: HEADS16(64); break;
