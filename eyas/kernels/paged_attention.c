@@ -399,24 +399,22 @@ static inline __attribute__((always_inline)) void attend_heads16(
     finish_rows(out, q_start, rows, heads, kv0 * groups, num_heads, d, acc, l);
 }
 
-/* The cache element of the first slot item `item` reads (its first visible key's block, its first KV head) and
- * how many of that block's slots it reads, through *slots. Items as eyas_paged_attention lays them out. */
-static int64_t item_first_slot(int64_t item, const int64_t *item0, int64_t num_reqs, const int64_t *q_len,
-                               const int64_t *seq_len, const int64_t *row, const int64_t *table, int64_t table_width,
-                               int64_t block_size, int64_t slot_stride, int64_t items, int64_t per_item, int64_t d,
-                               int64_t window, int64_t *slots) {
+/* A work item: request n's KV heads g .. g + per_item - 1 over its queries c0 .. c0 + len - 1, whose context ends at
+ * the chunk's last query (ctx keys). Items are numbered request by request: item0[n] is request n's first. */
+typedef struct {
+    int64_t n, g, c0, len, ctx;
+} item_t;
+
+static inline item_t item_at(int64_t item, const int64_t *item0, int64_t num_reqs, const int64_t *q_len,
+                             const int64_t *seq_len, int64_t items, int64_t per_item) {
     int64_t lo = 0, hi = num_reqs; /* the request n with item0[n] <= item < item0[n + 1] */
     while (hi - lo > 1) {
         int64_t mid = (lo + hi) / 2;
         if (item0[mid] <= item) lo = mid; else hi = mid;
     }
-    const int64_t n = lo, local = item - item0[n], c0 = local / items * Q_CHUNK;
-    const int64_t len = q_len[n] - c0 < Q_CHUNK ? q_len[n] - c0 : Q_CHUNK, ctx = seq_len[n] - q_len[n] + c0 + len;
-    int64_t first = ctx - len, start = window > 0 ? first - window + 1 : 0;
-    if (start < 0) start = 0;
-    start -= start % block_size;
-    *slots = ctx - start < block_size ? ctx - start : block_size;
-    return slot_at(table + row[n] * table_width, start, block_size, slot_stride, local % items * per_item * d);
+    const int64_t local = item - item0[lo], c0 = local / items * Q_CHUNK;
+    const int64_t len = q_len[lo] - c0 < Q_CHUNK ? q_len[lo] - c0 : Q_CHUNK;
+    return (item_t){lo, local % items * per_item, c0, len, seq_len[lo] - q_len[lo] + c0 + len};
 }
 
 /* First writes this step's K/V into the cache: token t's k and v rows ([num_kv_heads, d] each, in the
@@ -466,25 +464,21 @@ int eyas_paged_attention(const float *q, int64_t q_stride, const void *k, int64_
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < item0[num_reqs]; item++) {
             if (work == NULL) continue;
-            int64_t lo = 0, hi = num_reqs; /* the request n with item0[n] <= item < item0[n + 1] */
-            while (hi - lo > 1) {
-                int64_t mid = (lo + hi) / 2;
-                if (item0[mid] <= item) lo = mid; else hi = mid;
-            }
-            const int64_t n = lo, local = item - item0[n], g = local % items * per_item;
-            /* its chunk: queries c0 .. c0 + len - 1 of the request, whose context ends at the chunk's last one */
-            const int64_t c0 = local / items * Q_CHUNK, len = q_len[n] - c0 < Q_CHUNK ? q_len[n] - c0 : Q_CHUNK;
-            const int64_t q0 = q_start[n] + c0, ctx = seq_len[n] - q_len[n] + c0 + len;
-            const int64_t *tbl = table + row[n] * table_width;
+            const item_t it = item_at(item, item0, num_reqs, q_len, seq_len, items, per_item);
+            const int64_t q0 = q_start[it.n] + it.c0, len = it.len, ctx = it.ctx, g = it.g;
+            const int64_t *tbl = table + row[it.n] * table_width;
 #define ITEM(D) attend_item(q, q_stride, out, k_cache, v_cache, cache_dtype, slot_stride, tbl, block_size, q0, len, \
                             ctx, g, groups, num_heads, D, window, scale, work)
             const char *after_k = NULL, *after_v = NULL; /* items of every KV head: the next one's first block */
             int64_t after_n = 0;
             if (vec16 && per_item == num_kv_heads && item + 1 < item0[num_reqs]) {
-                int64_t first = item_first_slot(item + 1, item0, num_reqs, q_len, seq_len, row, table, table_width,
-                                                block_size, slot_stride, items, per_item, d, window, &after_n);
+                const item_t nx = item_at(item + 1, item0, num_reqs, q_len, seq_len, items, per_item);
+                int64_t lo = window > 0 ? nx.ctx - nx.len - window + 1 : 0; /* its first visible key */
+                lo = lo < 0 ? 0 : lo - lo % block_size;
+                const int64_t first = slot_at(table + row[nx.n] * table_width, lo, block_size, slot_stride, 0);
                 after_k = k_cache + first * elem;
                 after_v = v_cache + first * elem;
+                after_n = nx.ctx - lo < block_size ? nx.ctx - lo : block_size;
             }
 #define HEADS16(D) attend_heads16(q, q_stride, out, k_cache, v_cache, cache_dtype, slot_stride, tbl, block_size, \
                                   q0, len, ctx, g, per_item, groups, num_heads, D, window, scale, work, after_k, \

@@ -78,8 +78,8 @@ class ModelRunner:
         self.masks = MaskFiller(config.model.vocab_size)
 
     def measured_row_cost(self) -> RowCost:
-        """This CPU's row-cost curve for the target's products and attention, from its record in the cache folder (measured and
-        recorded the first time: eyas/runner/row_cost.py)."""
+        """This CPU's row-cost curve for the target's products and attention, from its record in the cache folder
+        (measured and recorded the first time: eyas/runner/row_cost.py)."""
         return measured_row_cost(self.model, self.config.quantization, self.config.matmul_precision,
                                  torch.get_num_threads(), self.config.dtype)
 

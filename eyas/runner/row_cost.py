@@ -147,12 +147,7 @@ def measure(model: nn.Module, threads: int, cache_dtype: torch.dtype = torch.flo
     """The products' time at each n of ROWS over their time at one row (best of ``repeats`` interleaved passes), and
     attention's per key of a request's context in the same unit (``RowCost.first_key``, ``per_key``)."""
     times = _fastest([(_products(model), n) for n in ROWS], threads, repeats)
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        one, more = _attention_seconds(model, cache_dtype, threads, repeats)
-    finally:
-        torch.set_num_threads(saved)
+    one, more = _attention_seconds(model, cache_dtype, threads, repeats)  # the kernel is given its threads
     unit = times[0] * KEYS
     return RowCost(tuple(zip(ROWS, _rising(times, times[0]))), round(one / unit, 8),
                    round(more / (QUERIES - 1) / unit, 8))

@@ -175,8 +175,8 @@ class RowCost:
 
     The points are the matrix products'. Attention grows with the keys a row reads, so a request of context L adds
     ``first_key * L`` for the row of its committed token and ``per_key * L`` for each draft row
-    (``attention(contexts, drafts)``): on the default model, one Zen 4 thread, a row of 400 keys adds about 0.11
-    one-row forwards and one of 4,000 keys 1.1, where a draft row's products cost 0.13. ``linear(c)`` leaves
+    (``attention(context, rows)``): on the default model, one Zen 4 thread, a draft row at 400 keys adds about 0.1
+    one-row forwards of attention and one at 4,000 keys 1.0, where its products cost 0.17. ``linear(c)`` leaves
     them out (a user's line)."""
 
     points: tuple[tuple[int, float], ...]  # rows ascending, at least two
