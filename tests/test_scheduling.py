@@ -252,3 +252,46 @@ def test_a_drafter_that_catches_up_drafts_after_a_chunked_prompt_only_where_the_
             assert behind == want
     assert told[8, False] > 0 and told[8, True] == 0  # 14.1 / 7 forwards a step: not repaid
     assert told[400, False] == told[400, True] > 0  # 14.1 / 399: repaid
+
+
+def test_a_catch_up_is_spread_over_the_tokens_recent_replies_made_not_over_max_tokens():
+    """A drafter's catch-up over a long prompt is paid once and spread over the tokens the request may still make.
+    ``max_tokens`` only bounds that: where recent replies ended after a few tokens (tool calls under a generous
+    limit), the same prompt is not worth catching up for. Measured before this (``bench_tools.py``, tool_choice
+    "auto", B = 1, the shipped EAGLE-3 drafter): every reply's first step ran the drafter's prefill over its 250-500
+    prompt rows (15-30 ms each) for replies of about 56 tokens, priced as if they made 96: 0.95x no speculation."""
+    from eyas.config import SchedulerConfig
+    from eyas.core.request import Request, RequestStatus
+    from eyas.engine.draft_planner import ReplyLengths
+    from eyas.engine.scheduler import Scheduler
+    from eyas.kv.manager import KVCacheGroupSpec, KVCacheManager
+    from eyas.spec_decode.adaptive import DraftCost, RowCost
+    from eyas.spec_decode.config import SpeculativeConfig
+
+    replies = ReplyLengths()
+    assert replies.left(50, 300) == 300  # nothing finished yet: its room
+    for n in (40, 60, 200):
+        replies.add(n)
+    assert replies.left(50, 300) == 80 and replies.left(50, 30) == 20  # (10 + 150) / 2; (10 + 30) / 2
+    assert replies.left(250, 300) == 300  # longer than every recent reply
+
+    products = RowCost(((1, 0.052), (2, 0.065), (4, 0.085), (8, 0.149), (16, 0.254), (32, 0.48)))
+    rows = RowCost(((1, 1.0), (2, 1.07), (4, 1.22), (8, 1.64), (16, 2.89)))
+    kv = KVCacheManager([KVCacheGroupSpec("target", ("layers",), 1)], 512, 16, enable_prefix_caching=False)
+    scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=1024, max_model_len=2048), kv,
+                          SpeculativeConfig(method="ngram", num_speculative_tokens=4), draft_row_cost=rows,
+                          draft_step_cost=DraftCost(0.15, products, catches_up=True))
+
+    def told(name: str) -> int:
+        """What the step ending a 1,000-token prompt tells the drafter, the request having room for 399 drafts."""
+        scheduler.add(Request(name, [7] * 1000, 1000, SamplingParams(temperature=0, ignore_eos=True, max_tokens=400),
+                              seed=0, eos_token_ids=frozenset(), max_total_tokens=2048))
+        plan = scheduler.schedule()
+        assert plan.scheduled[0].will_sample
+        scheduler.finish(name, RequestStatus.FINISHED_ABORTED)  # an abort teaches nothing
+        return plan.expected_drafts[name]
+
+    assert told("first") > 0  # 14.1 forwards over 399 tokens: repaid
+    for n in range(8):
+        scheduler.drafts.done(f"short{n}", 8)  # replies of 8 tokens finished
+    assert told("second") == 0  # 14.1 forwards over 8 tokens: not repaid

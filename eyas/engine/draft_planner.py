@@ -9,6 +9,7 @@ reads to skip the requests whose drafts would be dropped).
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,30 @@ class Drafts:
 
 NO_DRAFTS = Drafts([], [], None)
 
+RECENT_REPLIES = 64  # finished replies whose lengths say how long the next ones run
+
+
+@dataclass
+class ReplyLengths:
+    """The output lengths of the engine's recent finished requests: how many tokens a running request may still
+    make, to spread over them a cost paid once (a drafter's catch-up, ``DraftPlanner.expected``). ``max_tokens``
+    only bounds a reply: tool calls and short answers under a generous limit end long before it.
+
+    Example: replies of 40, 60 and 200 tokens finished; a request that has made 50 tokens with room for 300 more may
+    make min(60 - 50, 300) and min(200 - 50, 300), 80 on average; one that has made 250, or any before a reply
+    finished, its room."""
+
+    lengths: deque = field(default_factory=lambda: deque(maxlen=RECENT_REPLIES))
+
+    def add(self, length: int) -> None:
+        self.lengths.append(length)
+
+    def left(self, made: int, room: int) -> int:
+        """Tokens a request that has made ``made`` may still make, at most ``room``: the mean of what the recent
+        replies longer than ``made`` made past it, or ``room`` when none was longer."""
+        past = [min(n - made, room) for n in self.lengths if n > made]
+        return max(1, round(sum(past) / len(past))) if past else room
+
 
 class DraftPlanner:
     def __init__(self, max_drafts: int, lookahead: int, adaptive: bool, row_cost: RowCost = FREE_ROWS,
@@ -48,6 +73,7 @@ class DraftPlanner:
         self.row_cost = row_cost  # a forward's cost by its rows, in one-row forwards
         self.step_cost = step_cost  # the drafter's work in a step that verifies drafts, likewise
         self.records: dict[str, DraftRecord] = {}
+        self.replies = ReplyLengths()
 
     def _record(self, request_id: str) -> DraftRecord:
         record = self.records.get(request_id)
@@ -84,7 +110,8 @@ class DraftPlanner:
         A drafter that catches up (``DraftCost.catch_up``) runs its prefill, the step it drafts for a request, over
         the rows it left out (``behind``) and this step's rows; past the one row a decode brings, that is a cost
         paid once for the steps that follow. It enters as the request's share of it over the tokens it may still
-        make, and such a request is told to draft only if drafting would also pay in a step of decodes alone: a
+        make (``ReplyLengths.left``: as many as the recent replies made past its own length, within its room),
+        and such a request is told to draft only if drafting would also pay in a step of decodes alone: a
         next step that carries a long prompt chunk makes draft rows look free, but the steps after it do not.
         """
         if not self.adaptive:
@@ -97,7 +124,8 @@ class DraftPlanner:
             may = request.request_id in drafting and request.params.speculate
             offers[request.request_id] = (max(0, min(limit, room(request, 1))) if may else 0, acceptance, 0)
             rows = (record.behind if record else 0) + drafting.get(request.request_id, 0)
-            entries.append(self.step_cost.catch_up(rows) / max(1, room(request, 0)))
+            left = self.replies.left(request.num_output_tokens, room(request, 0))
+            entries.append(self.step_cost.catch_up(rows) / max(1, left))
         contexts = [request.num_tokens + 1 for request in sampling]  # after this step's token
         counts = allocate_drafts(list(offers.values()), num_rows, self.row_cost, budget, self.step_cost, entries,
                                  contexts)
@@ -140,9 +168,11 @@ class DraftPlanner:
             record.tokens, record.forced, record.probs = [], [], None
             record.behind = 0  # counted again over the recomputed tokens
 
-    def done(self, request_id: str) -> None:
-        """The request left the engine."""
+    def done(self, request_id: str, output_tokens: int | None) -> None:
+        """The request left the engine, having made ``output_tokens`` (None: aborted, its length says nothing)."""
         self.records.pop(request_id, None)
+        if output_tokens is not None:
+            self.replies.add(output_tokens)
 
     def _usable(self, request: Request) -> Drafts:
         """The pending drafts that fit the adaptive limit (which leading forced drafts pass), max_model_len and

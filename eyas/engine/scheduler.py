@@ -253,6 +253,7 @@ class Scheduler:
         if tables is not None and request.status is not RequestStatus.FINISHED_ABORTED:
             self.finished_tables[request.request_id] = tables
         if self.drafts is not None:
-            self.drafts.done(request.request_id)
+            aborted = request.status is RequestStatus.FINISHED_ABORTED
+            self.drafts.done(request.request_id, None if aborted else request.num_output_tokens)
         del self.requests[request.request_id]
 
