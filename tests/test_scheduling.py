@@ -257,12 +257,13 @@ def test_a_drafter_that_catches_up_drafts_after_a_chunked_prompt_only_where_the_
 def test_a_catch_up_is_spread_over_the_tokens_recent_replies_made_not_over_max_tokens():
     """A drafter's catch-up over a long prompt is paid once and spread over the tokens the request may still make.
     ``max_tokens`` only bounds that: where recent replies ended after a few tokens (tool calls under a generous
-    limit), the same prompt is not worth catching up for. Measured before this (``bench_tools.py``, tool_choice
+    limit), the same prompt is not worth catching up for. A reply its own max_tokens cut (a warm-up of a few tokens)
+says only that it would have run on. Measured before this (``bench_tools.py``, tool_choice
     "auto", B = 1, the shipped EAGLE-3 drafter): every reply's first step ran the drafter's prefill over its 250-500
     prompt rows (15-30 ms each) for replies of about 56 tokens, priced as if they made 96: 0.95x no speculation."""
     from eyas.config import SchedulerConfig
     from eyas.core.request import Request, RequestStatus
-    from eyas.engine.draft_planner import ReplyLengths
+    from eyas.engine.draft_planner import RECENT_REPLIES, ReplyLengths
     from eyas.engine.scheduler import Scheduler
     from eyas.kv.manager import KVCacheGroupSpec, KVCacheManager
     from eyas.spec_decode.adaptive import DraftCost, RowCost
@@ -274,6 +275,8 @@ def test_a_catch_up_is_spread_over_the_tokens_recent_replies_made_not_over_max_t
         replies.add(n)
     assert replies.left(50, 300) == 80 and replies.left(50, 30) == 20  # (10 + 150) / 2; (10 + 30) / 2
     assert replies.left(250, 300) == 300  # longer than every recent reply
+    replies.add(None)  # a reply its max_tokens cut: it would have run on
+    assert replies.left(50, 300) == 153 and replies.left(250, 300) == 300  # (10 + 150 + 300) / 3
 
     products = RowCost(((1, 0.052), (2, 0.065), (4, 0.085), (8, 0.149), (16, 0.254), (32, 0.48)))
     rows = RowCost(((1, 1.0), (2, 1.07), (4, 1.22), (8, 1.64), (16, 2.89)))
@@ -282,16 +285,21 @@ def test_a_catch_up_is_spread_over_the_tokens_recent_replies_made_not_over_max_t
                           SpeculativeConfig(method="ngram", num_speculative_tokens=4), draft_row_cost=rows,
                           draft_step_cost=DraftCost(0.15, products, catches_up=True))
 
-    def told(name: str) -> int:
-        """What the step ending a 1,000-token prompt tells the drafter, the request having room for 399 drafts."""
-        scheduler.add(Request(name, [7] * 1000, 1000, SamplingParams(temperature=0, ignore_eos=True, max_tokens=400),
+    def told(name: str, max_tokens: int = 400, end: RequestStatus = RequestStatus.FINISHED_ABORTED) -> int:
+        """What the step ending a 1,000-token prompt tells the drafter (room for max_tokens - 1 drafts); the request
+        then ends with ``end`` after 8 tokens (an abort teaches the planner nothing)."""
+        scheduler.add(Request(name, [7] * 1000, 1000, SamplingParams(temperature=0, max_tokens=max_tokens),
                               seed=0, eos_token_ids=frozenset(), max_total_tokens=2048))
         plan = scheduler.schedule()
         assert plan.scheduled[0].will_sample
-        scheduler.finish(name, RequestStatus.FINISHED_ABORTED)  # an abort teaches nothing
+        scheduler.requests[name].token_ids.extend([7] * 8)  # its reply, as commits would have made it
+        scheduler.finish(name, end)
         return plan.expected_drafts[name]
 
     assert told("first") > 0  # 14.1 forwards over 399 tokens: repaid
-    for n in range(8):
-        scheduler.drafts.done(f"short{n}", 8)  # replies of 8 tokens finished
-    assert told("second") == 0  # 14.1 forwards over 8 tokens: not repaid
+    for n in range(8):  # warm-ups that max_tokens cut: they say nothing of where replies end
+        told(f"warm{n}", max_tokens=8, end=RequestStatus.FINISHED_LENGTH)
+    assert told("second") > 0
+    for n in range(RECENT_REPLIES):  # replies that stopped after 8 tokens, as many as are kept: the warm-ups go
+        told(f"short{n}", end=RequestStatus.FINISHED_STOPPED)
+    assert told("third") == 0  # 14.1 forwards over 8 tokens: not repaid

@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from eyas.core.request import Request
+from eyas.core.request import Request, RequestStatus
 from eyas.spec_decode.adaptive import FREE_ROWS, NO_DRAFT_COST, DraftBudget, DraftCost, RowCost, allocate_drafts
 
 
@@ -46,21 +46,25 @@ RECENT_REPLIES = 64  # finished replies whose lengths say how long the next ones
 class ReplyLengths:
     """The output lengths of the engine's recent finished requests: how many tokens a running request may still
     make, to spread over them a cost paid once (a drafter's catch-up, ``DraftPlanner.expected``). ``max_tokens``
-    only bounds a reply: tool calls and short answers under a generous limit end long before it.
+    only bounds a reply: tool calls and short answers end long before it. A reply cut by its own limit (None here)
+    says only that it would have run on: it counts as running to the room of the request asking (a warm-up of 2
+    tokens must not make every reply look short).
 
-    Example: replies of 40, 60 and 200 tokens finished; a request that has made 50 tokens with room for 300 more may
-    make min(60 - 50, 300) and min(200 - 50, 300), 80 on average; one that has made 250, or any before a reply
-    finished, its room."""
+    Example: replies that stopped after 40, 60 and 200 tokens; a request that has made 50 tokens with room for 300
+    more may make min(60 - 50, 300) and min(200 - 50, 300), 80 on average; one that has made 250, or any before a
+    reply finished, its room. With a fourth reply cut at 20 tokens, the first request may make (10 + 150 + 300) / 3.
+    """
 
     lengths: deque = field(default_factory=lambda: deque(maxlen=RECENT_REPLIES))
 
-    def add(self, length: int) -> None:
+    def add(self, length: int | None) -> None:
+        """A finished reply: the tokens it made where it stopped, None where its limit cut it."""
         self.lengths.append(length)
 
     def left(self, made: int, room: int) -> int:
         """Tokens a request that has made ``made`` may still make, at most ``room``: the mean of what the recent
-        replies longer than ``made`` made past it, or ``room`` when none was longer."""
-        past = [min(n - made, room) for n in self.lengths if n > made]
+        replies longer than ``made`` made past it (a cut one: ``room``), or ``room`` when none was longer."""
+        past = [room if n is None else min(n - made, room) for n in self.lengths if n is None or n > made]
         return max(1, round(sum(past) / len(past))) if past else room
 
 
@@ -168,11 +172,13 @@ class DraftPlanner:
             record.tokens, record.forced, record.probs = [], [], None
             record.behind = 0  # counted again over the recomputed tokens
 
-    def done(self, request_id: str, output_tokens: int | None) -> None:
-        """The request left the engine, having made ``output_tokens`` (None: aborted, its length says nothing)."""
-        self.records.pop(request_id, None)
-        if output_tokens is not None:
-            self.replies.add(output_tokens)
+    def done(self, request: Request) -> None:
+        """The request left the engine; how long its reply ran is kept (``ReplyLengths``) unless it was aborted."""
+        self.records.pop(request.request_id, None)
+        if request.status is RequestStatus.FINISHED_STOPPED:
+            self.replies.add(request.num_output_tokens)
+        elif request.status is RequestStatus.FINISHED_LENGTH:
+            self.replies.add(None)
 
     def _usable(self, request: Request) -> Drafts:
         """The pending drafts that fit the adaptive limit (which leading forced drafts pass), max_model_len and

@@ -253,7 +253,6 @@ class Scheduler:
         if tables is not None and request.status is not RequestStatus.FINISHED_ABORTED:
             self.finished_tables[request.request_id] = tables
         if self.drafts is not None:
-            aborted = request.status is RequestStatus.FINISHED_ABORTED
-            self.drafts.done(request.request_id, None if aborted else request.num_output_tokens)
+            self.drafts.done(request)
         del self.requests[request.request_id]
 

@@ -90,8 +90,8 @@ step is offered its full limit again at the next; a request the cost model rejec
 above. Such a drafter runs its prefill, the step it drafts for a request, over the rows it left out
 (``DraftCost.catch_up``: a prompt's chunks, the steps it was told 0) and that step's rows: for a request whose
 prompt ends that step, a prefill over all of it. The expectation charges that once, spread over the tokens the
-request may still make (as many as the engine's recent replies made past its length, within its ``max_tokens``:
-``ReplyLengths``), as an entry cost of its first drafter-made draft (``allocate_drafts``'s ``entries``,
+request may still make (as many as the engine's recent replies that stopped made past its length, within its
+``max_tokens``: ``ReplyLengths``), as an entry cost of its first drafter-made draft (``allocate_drafts``'s ``entries``,
 ``DraftPlanner.expected``), and tells such a request to draft only if drafting also pays in a step of decodes
 alone. Example (the shipped EAGLE-3 drafter, one Zen 4 thread, products of 1,900 rows about 62 one-row
 forwards): 7 tool prompts of about 260 tokens end in one step, and the next step carries the 8th prompt's last 243
