@@ -35,10 +35,6 @@ def grammar_drafts(inp: ProposerInput, out: ProposerOutput, lookahead: int) -> P
     num_rows, k, device = len(inp.grammars), lookahead, out.draft_token_ids.device
     emitted, num_emitted = inp.emitted.tolist(), inp.num_emitted.tolist()
     proposed, counts = out.draft_token_ids.tolist(), out.num_drafts.tolist()
-    drafts = torch.zeros(num_rows, k, dtype=torch.int64)  # [R, k]
-    width = min(k, out.draft_token_ids.shape[1])
-    drafts[:, :width] = out.draft_token_ids[:, :width].cpu()
-    forced = torch.zeros(num_rows, k, dtype=torch.bool)  # [R, k]
     plans = {}  # row -> its walked drafts
     for r, grammar in enumerate(inp.grammars):
         if grammar is None:
@@ -47,11 +43,18 @@ def grammar_drafts(inp: ProposerInput, out: ProposerOutput, lookahead: int) -> P
         if walk is None:  # the request ends this step
             counts[r] = 0
             continue
-        plan = plans[r] = walk.plan_drafts(proposed[r][:counts[r]], k)
+        plans[r] = walk.plan_drafts(proposed[r][:counts[r]], k)
+        counts[r] = len(plans[r].tokens)
+    if not any(counts):  # no row verifies a draft next step (most steps of free text): no tensors to build
+        return ProposerOutput(out.draft_token_ids, out.num_drafts.new_zeros(num_rows))
+    drafts = torch.zeros(num_rows, k, dtype=torch.int64)  # [R, k]
+    width = min(k, out.draft_token_ids.shape[1])
+    drafts[:, :width] = out.draft_token_ids[:, :width].cpu()
+    forced = torch.zeros(num_rows, k, dtype=torch.bool)  # [R, k]
+    for r, plan in plans.items():
         n = len(plan.tokens)
         drafts[r, :n] = torch.tensor(plan.tokens, dtype=torch.int64)
         forced[r, :n] = torch.tensor(plan.forced)
-        counts[r] = n
     probs = out.draft_probs  # [R, k', V]: the proposer's, then one-hot rows for forced drafts past its own
     if probs is not None:
         longest = max([probs.shape[1], *(len(plan.tokens) for plan in plans.values())])
