@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from eyas.kv.manager import KVCacheGroupSpec
+from eyas.model.attention import request_slots
 from eyas.model.cache_only import CacheOnlyLayer
 from eyas.spec_decode.proposer import ProposerInput
 
@@ -95,21 +96,12 @@ class CatchUp:
               ) -> DraftBatch | None:
         """Store this step's ``hidden`` [num_tokens, H_in], then the batch the draft prefill runs over (None: no
         request drafts); ``next_ids()`` [num_tokens] is the token after each layout row (called only for a batch).
-
-        Slots come from the host lists in plain Python: most steps draft for nobody and only store a few rows, where
-        a block-table tensor and NumPy took 0.13 ms a step at batch 1 (between two forwards, which leave the caches
-        cold) and the lists take 0.08."""
-        size = self.block_size
-        tables = [t[self.store.kv_cache_group] for t in inp.block_tables]  # per request, its blocks in this group
-
-        def slots(b: int, positions: range) -> list[int]:
-            return [tables[b][p // size] * size + p % size for p in positions]
-
+        Most steps draft for nobody and only store their rows: their slots are host ints (``request_slots``)."""
+        group = self.store.kv_cache_group
+        laid_out = inp.slots_in(group, self.block_size)  # [T] the store's slot of each layout row
+        self.store.write(hidden[:, None], torch.tensor(laid_out, dtype=torch.int64, device=self.device))
         qsl, seq_lens = inp.query_start_loc.tolist(), inp.seq_lens.tolist()
         starts = [seq_len - (qsl[b + 1] - qsl[b]) for b, seq_len in enumerate(seq_lens)]  # each one's first layout row
-        laid_out = [s for b, (start, seq_len) in enumerate(zip(starts, seq_lens))
-                    for s in slots(b, range(start, seq_len))]  # [T] the store's slot of each layout row
-        self.store.write(hidden[:, None], torch.tensor(laid_out, dtype=torch.int64, device=self.device))
         num_tokens = qsl[-1]
         drafting = {b: r for r, b in enumerate(inp.sample_rows) if inp.expected_drafts[r] > 0}
         requests, q_lens, rows = [], [], []  # rows: index into the layout's rows, then the caught-up rows
@@ -118,11 +110,12 @@ class CatchUp:
         for b, (start, seq_len) in enumerate(zip(starts, seq_lens)):
             if b not in drafting:
                 continue
-            first = self._first_unfilled(tables[b], start)
+            blocks = inp.block_tables[b][group]
+            first = self._first_unfilled(blocks, start)
             rows += range(num_tokens + len(tokens), num_tokens + len(tokens) + start - first)
             tokens += inp.token_ids[drafting[b]][first + 1:start + 1]
             positions += range(first, start)
-            caught += slots(b, range(first, start))
+            caught += request_slots(blocks, range(first, start), self.block_size)
             rows += range(qsl[b], qsl[b + 1])
             ran[qsl[b]:qsl[b + 1]] = True
             requests.append(b)

@@ -33,7 +33,6 @@ from eyas.config import EngineConfig
 from eyas.core.step import DoneRequest
 from eyas.data.hidden_states_writer import HiddenStatesWriter
 from eyas.kv.manager import KVCacheGroupSpec
-from eyas.model.attention import block_table_tensor, layout_slots
 from eyas.model.cache_only import CacheOnlyLayer
 from eyas.spec_decode.options import MethodOptions, option
 from eyas.spec_decode.proposer import Proposer, ProposerInput, ProposerOutput
@@ -114,10 +113,9 @@ class ExtractHiddenStatesProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, inp: ProposerInput) -> ProposerOutput:
-        group = self.layer.kv_cache_group
-        table = block_table_tensor([tables[group] for tables in inp.block_tables])
-        _, slots = layout_slots(table, inp.query_start_loc, inp.seq_lens, self.block_size)
-        self.layer.write(inp.aux_hidden_states, slots.to(self.device))  # [num_tokens, num_layers, hidden]
+        slots = torch.tensor(inp.slots_in(self.layer.kv_cache_group, self.block_size), dtype=torch.int64,
+                             device=self.device)
+        self.layer.write(inp.aux_hidden_states, slots)  # [num_tokens, num_layers, hidden]
         num_rows = len(inp.sample_rows)
         return ProposerOutput(torch.zeros(num_rows, 1, dtype=torch.int64, device=self.device),
                               torch.zeros(num_rows, dtype=torch.int64, device=self.device))

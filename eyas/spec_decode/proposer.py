@@ -16,6 +16,7 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from eyas.core.step import DoneRequest
+from eyas.model.attention.base import request_slots
 from eyas.spec_decode.adaptive import NO_DRAFT_COST, DraftCost, RowCost
 from eyas.spec_decode.options import MethodOptions
 
@@ -56,6 +57,13 @@ class ProposerInput:
     # [R] eyas.sampling.grammar.GrammarState of each row's committed output, None without a grammar
     # (empty: no row has one); read by ``Proposer.draft``, not by ``propose``
     grammars: list[Any] = field(default_factory=list)
+
+    def slots_in(self, group: int, block_size: int) -> list[int]:
+        """[T] the cache slot of each layout row in KV-cache group ``group`` (a proposer's own cache-only layer)."""
+        qsl, seq_lens = self.query_start_loc.tolist(), self.seq_lens.tolist()
+        return [slot for b, seq_len in enumerate(seq_lens)
+                for slot in request_slots(self.block_tables[b][group], range(seq_len - qsl[b + 1] + qsl[b], seq_len),
+                                          block_size)]
 
     def rows(self, keep: list[int]) -> "ProposerInput":
         """This input for the sampling rows ``keep`` only (in that order); the layout fields stay whole."""

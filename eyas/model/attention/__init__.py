@@ -12,11 +12,12 @@ from eyas.model.attention.base import (
     UniformBatch,
     block_table_tensor,
     layout_slots,
+    request_slots,
     uniform_slots,
 )
 
-__all__ = ["AttentionBackend", "AttentionBatch", "UniformBatch", "block_table_tensor", "layout_slots", "uniform_slots",
-           "default_backend", "get_backend"]
+__all__ = ["AttentionBackend", "AttentionBatch", "UniformBatch", "block_table_tensor", "layout_slots", "request_slots",
+           "uniform_slots", "default_backend", "get_backend"]
 
 _BACKENDS = {"sdpa": ("eyas.model.attention.sdpa", "SdpaBackend"),
              "cpu": ("eyas.model.attention.cpu", "CpuBackend"),
