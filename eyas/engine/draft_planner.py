@@ -128,8 +128,9 @@ class DraftPlanner:
             may = request.request_id in drafting and request.params.speculate
             offers[request.request_id] = (max(0, min(limit, room(request, 1))) if may else 0, acceptance, 0)
             rows = (record.behind if record else 0) + drafting.get(request.request_id, 0)
-            left = self.replies.left(request.num_output_tokens, room(request, 0))
-            entries.append(self.step_cost.catch_up(rows) / max(1, left))
+            catch_up = self.step_cost.catch_up(rows)  # 0 for a proposer that does not catch up: nothing to spread
+            entries.append(catch_up / max(1, self.replies.left(request.num_output_tokens, room(request, 0)))
+                           if catch_up else 0.0)
         contexts = [request.num_tokens + 1 for request in sampling]  # after this step's token
         counts = allocate_drafts(list(offers.values()), num_rows, self.row_cost, budget, self.step_cost, entries,
                                  contexts)
