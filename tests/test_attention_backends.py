@@ -170,27 +170,31 @@ def test_cpu_kernel_gives_the_same_bits_on_any_thread_count():
 @torch.inference_mode()
 def test_cpu_kernel_row_bits_do_not_depend_on_the_batch_or_the_query_length(monkeypatch, head_dim):
     """What greedy speculative identity rests on: a decode row gives the same bits alone (its heads split over
-    the threads) as among many requests (an item per request), and as the last token of a 4-token verification
-    query at the same position."""
+    the threads) as among many requests (an item per request), and as a token of a 4-token verification query or
+    of a 40-token prefill chunk at the same position (whose rows share K in tiles, a chunk's K transposed)."""
     monkeypatch.setattr(sys.modules[__name__], "HEAD_DIM", head_dim)
     gen = torch.Generator().manual_seed(8)
     attn = get_backend("cpu")
-    layout = [(4, 296)] + [(1, 50 + 29 * i) for i in range(11)]
-    batch, q, k, v, kv_cache, _, _ = _case(gen, layout)
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        cache = kv_cache.clone()
-        many = attn.forward(q, k, v, cache, attn.build_metadata(batch, torch.device("cpu")))  # writes all K/V
-        last = dataclasses.replace(batch, query_start_loc=torch.tensor([0, 1]), seq_lens=batch.seq_lens[:1],
-                                   block_table=batch.block_table[:1], slot_mapping=batch.slot_mapping[3:4],
-                                   max_query_len=1, max_seq_len=300)
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            alone = attn.forward(q[3:4], k[3:4], v[3:4], cache.clone(), attn.build_metadata(last, torch.device("cpu")))
-            assert torch.equal(alone, many[3:4]), threads
-    finally:
-        torch.set_num_threads(before)
+    for q_len, tokens in ((4, (3,)), (40, (0, 17, 39))):
+        layout = [(q_len, 300 - q_len)] + [(1, 50 + 29 * i) for i in range(11)]
+        batch, q, k, v, kv_cache, _, _ = _case(gen, layout)
+        before = torch.get_num_threads()
+        try:
+            torch.set_num_threads(2)
+            cache = kv_cache.clone()
+            many = attn.forward(q, k, v, cache, attn.build_metadata(batch, torch.device("cpu")))  # writes all K/V
+            for j in tokens:
+                last = dataclasses.replace(batch, query_start_loc=torch.tensor([0, 1]),
+                                           seq_lens=torch.tensor([301 - q_len + j]), block_table=batch.block_table[:1],
+                                           slot_mapping=batch.slot_mapping[j:j + 1], max_query_len=1,
+                                           max_seq_len=301 - q_len + j)
+                for threads in (1, 2):
+                    torch.set_num_threads(threads)
+                    alone = attn.forward(q[j:j + 1], k[j:j + 1], v[j:j + 1], cache.clone(),
+                                         attn.build_metadata(last, torch.device("cpu")))
+                    assert torch.equal(alone, many[j:j + 1]), (q_len, j, threads)
+        finally:
+            torch.set_num_threads(before)
 
 
 @torch.inference_mode()
