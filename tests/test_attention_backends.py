@@ -14,7 +14,7 @@ import transformers
 from kernel_helpers import without_c_compiler
 from torch._dynamo.utils import counters
 
-from eyas import LLM, SamplingParams
+from eyas import LLM, SamplingParams, kernels
 from eyas.model.attention import AttentionBatch, UniformBatch, default_backend, get_backend
 from eyas.model.attention.cpu import load_kernel
 
@@ -195,6 +195,28 @@ def test_cpu_kernel_row_bits_do_not_depend_on_the_batch_or_the_query_length(monk
                     assert torch.equal(alone, many[j:j + 1]), (q_len, j, threads)
         finally:
             torch.set_num_threads(before)
+
+
+@pytest.mark.skipif("avx2" not in kernels.supported_isas(), reason="needs a CPU with AVX2")
+@torch.inference_mode()
+def test_cpu_kernel_built_for_avx2_alone_matches_the_reference(monkeypatch):
+    """The kernel as an AVX2-only CPU builds it (no 16-lane vectors: every head dim takes the per-KV-head path):
+    the reference's values on every layout, and a prefill chunk's token the bits of its decode."""
+    monkeypatch.setattr(sys.modules[__name__], "HEAD_DIM", 64)
+    gen = torch.Generator().manual_seed(9)
+    attn = get_backend("cpu")
+    monkeypatch.setattr(attn, "_kernel", load_kernel("avx2"))
+    for layout in LAYOUTS:
+        batch, q, k, v, kv_cache, ref, _ = _case(gen, layout)
+        got = attn.forward(q, k, v, kv_cache, attn.build_metadata(batch, torch.device("cpu")))
+        torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+    batch, q, k, v, kv_cache, _, _ = _case(gen, [(40, 260), (1, 90)])
+    many = attn.forward(q, k, v, kv_cache, attn.build_metadata(batch, torch.device("cpu")))
+    last = dataclasses.replace(batch, query_start_loc=torch.tensor([0, 1]), seq_lens=torch.tensor([278]),
+                               block_table=batch.block_table[:1], slot_mapping=batch.slot_mapping[17:18],
+                               max_query_len=1, max_seq_len=278)
+    alone = attn.forward(q[17:18], k[17:18], v[17:18], kv_cache, attn.build_metadata(last, torch.device("cpu")))
+    assert torch.equal(alone, many[17:18])
 
 
 @torch.inference_mode()

@@ -35,6 +35,17 @@
 
 #define Q_CHUNK 64 /* query tokens of a request per work item */
 
+/* attend_heads16 needs 16-lane vectors: on a build without AVX-512, GCC lowers its 16-lane shuffles to one insert
+ * a lane, and it ran 3-5x slower than attend_item (SmolLM2-135M's shape, one Zen 4 thread built for AVX2 alone:
+ * B = 16 decodes at 256 keys 2,200 -> 680 us a layer, a 512-token prefill 59 -> 15 ms, a 5-token verification
+ * over 512 keys 1,140 -> 220 us). Such a build takes attend_item for every head dim; its bits differ from the
+ * AVX-512 build's, and within either build every row's arithmetic is fixed. */
+#ifdef __AVX512F__
+#define HEADS16_BUILD 1
+#else
+#define HEADS16_BUILD 0
+#endif
+
 static inline v8f load8(const float *p) {
     v8f v;
     memcpy(&v, p, sizeof v);
@@ -572,7 +583,7 @@ int eyas_paged_attention(const float *q, int64_t q_stride, const void *k, int64_
     int64_t max_q = 1;
     for (int64_t n = 0; n < num_reqs; n++) max_q = q_len[n] > max_q ? q_len[n] : max_q;
     max_q = max_q < Q_CHUNK ? max_q : Q_CHUNK;
-    const int vec16 = block_size % 16 == 0 && d % 16 == 0 && d <= MAX_VEC_D; /* attend_heads16 */
+    const int vec16 = HEADS16_BUILD && block_size % 16 == 0 && d % 16 == 0 && d <= MAX_VEC_D; /* attend_heads16 */
     /* KV heads per item: all of a request's when every thread gets a request, else one (more items to share) */
     const int64_t per_item = vec16 && num_reqs >= 2 * num_threads ? num_kv_heads : 1, items = num_kv_heads / per_item;
     const int64_t max_rows = per_item * groups * max_q, row_width = per_item * d;

@@ -44,10 +44,13 @@ _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 
 @functools.cache
-def load_kernel():
-    """The C kernel's entry point, or None where it cannot be built (then the ``sdpa`` backend serves)."""
+def load_kernel(isa: str | None = None):
+    """The C kernel's entry point, or None where it cannot be built (then the ``sdpa`` backend serves). Built for
+    this CPU (``-march=native``); ``isa`` (a key of ``kernels.ISA_BUILDS``) builds it for that instruction set
+    alone instead, as on a CPU that has no more (tests)."""
     return kernels.entry("paged_attention", _ptr, _i64, _ptr, _i64, _ptr, _i64, _ptr, _i64, ctypes.c_int, _ptr, _i64,
-                         _i64, _i64, ctypes.c_float, _ptr, _i64, _ptr, _i64, _i64, _ptr, _i64, _i64, ctypes.c_int)
+                         _i64, _i64, ctypes.c_float, _ptr, _i64, _ptr, _i64, _i64, _ptr, _i64, _i64, ctypes.c_int,
+                         isa=isa)
 
 
 @dataclass
