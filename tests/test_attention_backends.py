@@ -83,6 +83,14 @@ def _case(gen: torch.Generator, layout: list[tuple[int, int]], sliding_window: i
     return (batch, q, k, v, kv_cache, *_reference(q, k, v, kv_cache, batch))
 
 
+def _token_alone(batch: AttentionBatch, j: int, seq_len: int) -> AttentionBatch:
+    """Token j of the batch's first request as a decode of its own: one query over the seq_len keys up to its
+    position, in the same cache blocks."""
+    return dataclasses.replace(batch, query_start_loc=torch.tensor([0, 1]), seq_lens=torch.tensor([seq_len]),
+                               block_table=batch.block_table[:1], slot_mapping=batch.slot_mapping[j:j + 1],
+                               max_query_len=1, max_seq_len=seq_len)
+
+
 @pytest.mark.parametrize("sliding_window", [None, 1, 24])
 @pytest.mark.parametrize("backend, device", [("sdpa", "cpu"), ("cpu", "cpu"), pytest.param("sdpa", "cuda", marks=needs_cuda)])
 @torch.inference_mode()
@@ -184,10 +192,7 @@ def test_cpu_kernel_row_bits_do_not_depend_on_the_batch_or_the_query_length(monk
             cache = kv_cache.clone()
             many = attn.forward(q, k, v, cache, attn.build_metadata(batch, torch.device("cpu")))  # writes all K/V
             for j in tokens:
-                last = dataclasses.replace(batch, query_start_loc=torch.tensor([0, 1]),
-                                           seq_lens=torch.tensor([301 - q_len + j]), block_table=batch.block_table[:1],
-                                           slot_mapping=batch.slot_mapping[j:j + 1], max_query_len=1,
-                                           max_seq_len=301 - q_len + j)
+                last = _token_alone(batch, j, 301 - q_len + j)
                 for threads in (1, 2):
                     torch.set_num_threads(threads)
                     alone = attn.forward(q[j:j + 1], k[j:j + 1], v[j:j + 1], cache.clone(),
@@ -212,9 +217,7 @@ def test_cpu_kernel_built_for_avx2_alone_matches_the_reference(monkeypatch):
         torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
     batch, q, k, v, kv_cache, _, _ = _case(gen, [(40, 260), (1, 90)])
     many = attn.forward(q, k, v, kv_cache, attn.build_metadata(batch, torch.device("cpu")))
-    last = dataclasses.replace(batch, query_start_loc=torch.tensor([0, 1]), seq_lens=torch.tensor([278]),
-                               block_table=batch.block_table[:1], slot_mapping=batch.slot_mapping[17:18],
-                               max_query_len=1, max_seq_len=278)
+    last = _token_alone(batch, 17, 278)
     alone = attn.forward(q[17:18], k[17:18], v[17:18], kv_cache, attn.build_metadata(last, torch.device("cpu")))
     assert torch.equal(alone, many[17:18])
 

@@ -11,9 +11,9 @@
  *
  * A work item is one (request, KV head, chunk of at most Q_CHUNK of its queries): the G query heads
  * of that KV head times the chunk's tokens make R rows that share every K/V row, so K/V are read
- * from the cache once per item. Where head dims are whole 16-lane vectors (attend_heads16) and the
- * batch has two requests per thread or more, an item spans every KV head of the request: its cache
- * rows are read whole. A long prefill query is thus spread over the threads in chunks. Keys are
+ * from the cache once per item. Where head dims are whole 16-lane vectors and the build has AVX-512
+ * (attend_heads16), and the batch has two requests per thread or more, an item spans every KV head of the
+ * request: its cache rows are read whole. A long prefill query is thus spread over the threads in chunks. Keys are
  * visited a cache block at a time with an online softmax (a running maximum m and sum l per row):
  * scores of the block, then rescale the accumulators if the maximum moved, then add p * V. A block's K/V are
  * prefetched before its rows read them, and the next block's beside their work (prefetch_slots): the blocks sit
@@ -385,6 +385,17 @@ static inline __attribute__((always_inline)) void transpose16(v16f r[16]) {
 #undef SWAP_HI_8
 }
 
+/* kt [width / 16 * 16, 16]: the 16 rows rows[t] (width values each, a multiple of 16) transposed, value i of row t
+ * at kt[16 * i + t]; for a chunk's K rows, KV head h's [d, 16] start at kt + 16 * h * d. */
+static inline __attribute__((always_inline)) void transpose_rows(const float *const *rows, int64_t width, float *kt) {
+    for (int64_t i0 = 0; i0 < width; i0 += 16) {
+        v16f r[16];
+        for (int t = 0; t < 16; t++) r[t] = load16(rows[t] + i0);
+        transpose16(r);
+        for (int j = 0; j < 16; j++) memcpy(kt + (i0 + j) * 16, &r[j], sizeof r[j]);
+    }
+}
+
 #define TILE_ROWS 4 /* rows of one KV head that attend a 16-key chunk together (attend_tile) */
 #define TILE_MIN 8  /* an item's rows per KV head from which its full chunks take attend_tile */
 
@@ -502,18 +513,12 @@ static inline __attribute__((always_inline)) void attend_heads16(
         rows_f32(v_cache, at, slot_stride, n, cache_dtype, width, vbuf, vp);
         for (int64_t c = 0; c < n; c += 16) { /* the block's chunks of 16 keys (block_size is a multiple of 16) */
             const int full = tiles && c + 16 <= n;
-            if (full) /* kt[h][i][t] = K[c + t] of KV head h, value i */
-                for (int64_t i0 = 0; i0 < width; i0 += 16) {
-                    v16f r[16];
-                    for (int t = 0; t < 16; t++) r[t] = load16(kp[c + t] + i0);
-                    transpose16(r);
-                    for (int j = 0; j < 16; j++) memcpy(kt + (i0 + j) * 16, &r[j], sizeof r[j]);
-                }
+            if (full) transpose_rows(kp + c, width, kt);
             int64_t fetched = 0, share = 0; /* the next block's slots prefetched so far, spread over the rows */
             for (int64_t h = 0; h < nkv; h++) { /* rows of KV head h: token s's heads h * groups .. + groups - 1 */
-                const float *qt[TILE_ROWS];
-                float *at_[TILE_ROWS];
-                int64_t tr[TILE_ROWS], gathered = 0;
+                const float *tile_q[TILE_ROWS]; /* the rows gathered for a tile: queries, accumulators, row numbers */
+                float *tile_acc[TILE_ROWS];
+                int64_t tile_row[TILE_ROWS], gathered = 0;
                 for (int64_t s = 0; s < q_len; s++)
                     for (int64_t g = 0; g < groups; g++) {
                         const int64_t r = s * heads + h * groups + g;
@@ -525,13 +530,13 @@ static inline __attribute__((always_inline)) void attend_heads16(
                         }
                         int64_t qpos = first + s, lo = window > 0 ? qpos - window + 1 : 0;
                         int64_t t0 = lo > start ? lo - start : 0, t1 = qpos - start + 1 < n ? qpos - start + 1 : n;
-                        if (t0 >= c + 16 || t1 <= c || t0 >= t1) continue; /* no key of the chunk visible */
+                        if (t0 >= t1 || t0 >= c + 16 || t1 <= c) continue; /* no key of the chunk visible */
                         if (full && t0 <= c && c + 16 <= t1) { /* the whole chunk visible: into a tile */
-                            qt[gathered] = qs + r * d;
-                            at_[gathered] = acc + r * d;
-                            tr[gathered++] = r;
+                            tile_q[gathered] = qs + r * d;
+                            tile_acc[gathered] = acc + r * d;
+                            tile_row[gathered++] = r;
                             if (gathered == TILE_ROWS) {
-                                attend_tile(qt, at_, m, l, tr, kt + h * d * 16, vp + c, h * d, d);
+                                attend_tile(tile_q, tile_acc, m, l, tile_row, kt + h * d * 16, vp + c, h * d, d);
                                 gathered = 0;
                             }
                             continue;
@@ -539,7 +544,8 @@ static inline __attribute__((always_inline)) void attend_heads16(
                         attend_row16(qs + r * d, acc + r * d, m + r, l + r, kp, vp, h * d, c, t0, t1, d);
                     }
                 for (int64_t g = 0; g < gathered; g++) /* a tile's worth not reached: row by row */
-                    attend_row16(qt[g], at_[g], m + tr[g], l + tr[g], kp, vp, h * d, c, c, c + 16, d);
+                    attend_row16(tile_q[g], tile_acc[g], m + tile_row[g], l + tile_row[g], kp, vp, h * d, c, c,
+                                 c + 16, d);
             }
         }
     }
@@ -587,7 +593,8 @@ int eyas_paged_attention(const float *q, int64_t q_stride, const void *k, int64_
     /* KV heads per item: all of a request's when every thread gets a request, else one (more items to share) */
     const int64_t per_item = vec16 && num_reqs >= 2 * num_threads ? num_kv_heads : 1, items = num_kv_heads / per_item;
     const int64_t max_rows = per_item * groups * max_q, row_width = per_item * d;
-    /* floats: qs, acc, m, l, s (attend_item), kbuf, vbuf, then 2 * block_size pointers (2 floats each, at most) */
+    /* floats: qs, acc, m, l, s (attend_item), kbuf, vbuf, kt (attend_heads16), then 2 * block_size pointers (2 floats
+       each, at most) */
     const int64_t work_floats = 2 * max_rows * d + 2 * max_rows + max_rows * block_size + 2 * block_size * row_width
                                 + 16 * row_width
                                 + 4 * block_size + 1;
