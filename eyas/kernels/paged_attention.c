@@ -9,16 +9,16 @@
  * lo .. seq_len - q_len + j, with lo = 0, or for a sliding window of w keys
  * max(0, position - w + 1).
  *
- * A work item is one (request, KV head, chunk of at most Q_CHUNK of its queries): the G query heads
- * of that KV head times the chunk's tokens make R rows that share every K/V row, so K/V are read
- * from the cache once per item. Where head dims are whole 16-lane vectors and the build has AVX-512
- * (attend_heads16), and the batch has two requests per thread or more, an item spans every KV head of the
- * request: its cache rows are read whole. A long prefill query is thus spread over the threads in chunks. Keys are
- * visited a cache block at a time with an online softmax (a running maximum m and sum l per row):
- * scores of the block, then rescale the accumulators if the maximum moved, then add p * V. A block's K/V are
- * prefetched before its rows read them, and the next block's beside their work (prefetch_slots): the blocks sit
- * anywhere in the cache, and a decode's rows would otherwise wait on each block's lines in turn. Beside an item's
- * last block, the next item's first one (an item of every KV head: the next request's). Everything is
+ * A work item is one (request, KV head, chunk of at most Q_CHUNK of its queries): the G query heads of that KV head
+ * times the chunk's tokens make R rows that share every K/V row, so K/V are read from the cache once per item.
+ * Where head dims are whole 16-lane vectors and the build has AVX-512 (attend_heads16), and the batch has two
+ * requests per thread or more (or one thread runs every item), an item spans every KV head of the request: its
+ * cache rows are read whole. A long prefill query is thus spread over the threads in chunks. Keys are visited a
+ * cache block at a time with an online softmax (a running maximum m and sum l per row): scores of the block, then
+ * rescale the accumulators if the maximum moved, then add p * V. A block's K/V are prefetched before its rows read
+ * them, and the next block's beside their work (prefetch_slots): the blocks sit anywhere in the cache, and a
+ * decode's rows would otherwise wait on each block's lines in turn. Beside an item's last block, the next item's
+ * first one (an item of every KV head: the next request's). Everything is
  * summed in float32; the cache may hold float32, bfloat16 or
  * float16 values (cache_dtype 0, 1, 2), widened exactly on load.
  *
@@ -453,9 +453,10 @@ static inline __attribute__((always_inline)) void attend_tile(const float *const
 }
 
 /* KV heads kv0 .. kv0 + nkv - 1 of one request (all of them when the batch has two requests per thread or
- * more), for head dims that are whole 16-lane vectors (D = 64 and 128 as constants): the same online softmax
- * as attend_item, with a cache block's 16 keys scored at once. An item with every KV head reads a block's cache
- * rows whole (a slot's KV heads sit in one row of num_kv_heads * d values), not a head's slice at a time. Row
+ * more, or on one thread), for head dims that are whole 16-lane vectors (D = 64 and 128 as constants): the same
+ * online softmax as attend_item, with a cache block's 16 keys scored at once. An item with every KV head reads
+ * a block's cache rows whole (a slot's KV heads sit in one row of num_kv_heads * d values), not a head's slice
+ * at a time. Row
  * by row (a token's head), each key's q . k is summed as 16 lanes over d in order, the block's 16 lane sums
  * come from lane_sums16, and the block's maximum, exponentials and sum are taken on that vector; V rows are
  * added in key order. Every row's arithmetic is the same whatever the other rows (a verification's tokens,
@@ -590,8 +591,13 @@ int eyas_paged_attention(const float *q, int64_t q_stride, const void *k, int64_
     for (int64_t n = 0; n < num_reqs; n++) max_q = q_len[n] > max_q ? q_len[n] : max_q;
     max_q = max_q < Q_CHUNK ? max_q : Q_CHUNK;
     const int vec16 = HEADS16_BUILD && block_size % 16 == 0 && d % 16 == 0 && d <= MAX_VEC_D; /* attend_heads16 */
-    /* KV heads per item: all of a request's when every thread gets a request, else one (more items to share) */
-    const int64_t per_item = vec16 && num_reqs >= 2 * num_threads ? num_kv_heads : 1, items = num_kv_heads / per_item;
+    /* KV heads per item: all of a request's when every thread gets two requests, or when one thread takes every
+       item anyway, else one (more items to share). A lone thread's items of one KV head each read a block's cache
+       rows a head's slice at a time: bench_attention.py --threads 1, batch 1, us a layer, one KV head an item ->
+       all: a decode at 400 keys 66-70 -> 57-59, at 2,048 keys 293-314 -> 230-237; 9-token verifications at 400
+       and 512 keys and a 2,048-token prefill level (75 ms). */
+    const int64_t per_item = vec16 && (num_threads == 1 || num_reqs >= 2 * num_threads) ? num_kv_heads : 1;
+    const int64_t items = num_kv_heads / per_item;
     const int64_t max_rows = per_item * groups * max_q, row_width = per_item * d;
     /* floats: qs, acc, m, l, s (attend_item), kbuf, vbuf, kt (attend_heads16), then 2 * block_size pointers (2 floats
        each, at most) */
