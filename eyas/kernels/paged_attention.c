@@ -10,17 +10,16 @@
  * max(0, position - w + 1).
  *
  * A work item is one (request, KV head, chunk of at most Q_CHUNK of its queries): the G query heads of that KV head
- * times the chunk's tokens make R rows that share every K/V row, so K/V are read from the cache once per item.
- * Where head dims are whole 16-lane vectors and the build has AVX-512 (attend_heads16), and the batch has two
- * requests per thread or more (or one thread runs every item), an item spans every KV head of the request: its
- * cache rows are read whole. A long prefill query is thus spread over the threads in chunks. Keys are visited a
- * cache block at a time with an online softmax (a running maximum m and sum l per row): scores of the block, then
- * rescale the accumulators if the maximum moved, then add p * V. A block's K/V are prefetched before its rows read
- * them, and the next block's beside their work (prefetch_slots): the blocks sit anywhere in the cache, and a
- * decode's rows would otherwise wait on each block's lines in turn. Beside an item's last block, the next item's
- * first one (an item of every KV head: the next request's). Everything is
- * summed in float32; the cache may hold float32, bfloat16 or
- * float16 values (cache_dtype 0, 1, 2), widened exactly on load.
+ * times the chunk's tokens make R rows that share every K/V row, so K/V are read from the cache once per item. Where
+ * head dims are whole 16-lane vectors and the build has AVX-512 (attend_heads16), and the batch has two requests per
+ * thread or more (or one thread runs every item), an item spans every KV head of the request: its cache rows are read
+ * whole. A long prefill query is thus spread over the threads in chunks. Keys are visited a cache block at a time with
+ * an online softmax (a running maximum m and sum l per row): scores of the block, then rescale the accumulators if the
+ * maximum moved, then add p * V. A block's K/V are prefetched before its rows read them, and the next block's beside
+ * their work (prefetch_slots): the blocks sit anywhere in the cache, and a decode's rows would otherwise wait on each
+ * block's lines in turn. Beside an item's last block, the next item's first one (an item of every KV head: the next
+ * request's). Everything is summed in float32; the cache may hold float32, bfloat16 or float16 values (cache_dtype 0,
+ * 1, 2), widened exactly on load.
  *
  * Example: block_size 4, one request with q_len 2, seq_len 6 and table row [7, 3]: its two
  * queries sit at positions 4 and 5, the keys of positions 0..3 live in slots 28..31 and those of
@@ -456,10 +455,9 @@ static inline __attribute__((always_inline)) void attend_tile(const float *const
  * more, or on one thread), for head dims that are whole 16-lane vectors (D = 64 and 128 as constants): the same
  * online softmax as attend_item, with a cache block's 16 keys scored at once. An item with every KV head reads
  * a block's cache rows whole (a slot's KV heads sit in one row of num_kv_heads * d values), not a head's slice
- * at a time. Row
- * by row (a token's head), each key's q . k is summed as 16 lanes over d in order, the block's 16 lane sums
- * come from lane_sums16, and the block's maximum, exponentials and sum are taken on that vector; V rows are
- * added in key order. Every row's arithmetic is the same whatever the other rows (a verification's tokens,
+ * at a time. Row by row (a token's head), each key's q . k is summed as 16 lanes over d in order, the block's 16
+ * lane sums come from lane_sums16, and the block's maximum, exponentials and sum are taken on that vector; V rows
+ * are added in key order. Every row's arithmetic is the same whatever the other rows (a verification's tokens,
  * the other heads), the batch or the thread count, as in attend_item. Against attend_item, B = 16 decode rows
  * of SmolLM2-135M's shape (9 heads, 3 KV heads, d = 64) on 2 threads: 438-467 -> 375-409 us a layer at 256
  * keys, 763-766 -> 600-617 us at 384 (Sapphire Rapids; in cache, one request: 142 -> 118 us at 1024 keys).
