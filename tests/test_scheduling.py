@@ -258,9 +258,9 @@ def test_a_catch_up_is_spread_over_the_tokens_recent_replies_made_not_over_max_t
     """A drafter's catch-up over a long prompt is paid once and spread over the tokens the request may still make.
     ``max_tokens`` only bounds that: where recent replies ended after a few tokens (tool calls under a generous
     limit), the same prompt is not worth catching up for. A reply its own max_tokens cut (a warm-up of a few tokens)
-says only that it would have run on. Measured before this (``bench_tools.py``, tool_choice
-    "auto", B = 1, the shipped EAGLE-3 drafter): every reply's first step ran the drafter's prefill over its 250-500
-    prompt rows (15-30 ms each) for replies of about 56 tokens, priced as if they made 96: 0.95x no speculation."""
+    says only that it would have run on. Measured before this (``bench_tools.py``, tool_choice "auto", B = 1, the
+    shipped EAGLE-3 drafter): every reply's first step ran the drafter's prefill over its 250-500 prompt rows (15-30
+    ms each) for replies of about 56 tokens, priced as if they made 96: 0.95x no speculation."""
     from eyas.config import SchedulerConfig
     from eyas.core.request import Request, RequestStatus
     from eyas.engine.draft_planner import RECENT_REPLIES, ReplyLengths
