@@ -116,17 +116,17 @@ def test_every_proposer_is_lossless_under_json_regex_and_choice(drafters, draft_
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_forced_drafts_are_always_accepted_and_counted(tiny_models, temperature):
-    """A one-string choice forces every token: the prefill emits 'a', then one step drafts b c d e f g h EOS, all
-    forced and accepted: past the n-gram's k = 4, since forced drafts run up to the lookahead of 8."""
+    """A one-string choice forces every token: the prefill emits 'a', then one step drafts b .. p and EOS, all
+    forced and accepted: past the n-gram's k = 4, since forced drafts run up to the lookahead of 16."""
     llm = LLM(str(tiny_models["llama"]), **SETTINGS, speculative_config={
         "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 3})  # no n-gram match: forced only
-    params = SamplingParams(temperature=temperature, max_tokens=50, structured_output={"choice": ["abcdefgh"]})
+    params = SamplingParams(temperature=temperature, max_tokens=50, structured_output={"choice": ["abcdefghijklmnop"]})
     out = llm.generate([[7, 8, 9]], params, use_tqdm=False)[0]
-    assert out.outputs[0].text == "abcdefgh" and out.outputs[0].finish_reason == "stop"
+    assert out.outputs[0].text == "abcdefghijklmnop" and out.outputs[0].finish_reason == "stop"
     m = out.spec_metrics
     assert (m["num_steps"], m["num_drafted"], m["num_accepted"], m["num_forced"], m["num_forced_accepted"]) == \
-        (1, 8, 8, 8, 8)
-    assert out.outputs[0].from_draft == [False] + [True] * 8  # a..h, EOS
+        (1, 16, 16, 16, 16)
+    assert out.outputs[0].from_draft == [False] + [True] * 16  # a..p, EOS
 
     # a JSON schema on random prompts: forced drafts (keys, punctuation) are a large share, all accepted
     outs = llm.generate(_prompts(8), SamplingParams(temperature=temperature, seed=1, max_tokens=128,

@@ -8,7 +8,7 @@ under the grammar (``GrammarState.plan_drafts``), after this step's emitted toke
 * where the grammar admits a single token, that token is the draft (it replaces a proposer draft
   that differs, and the proposer's later drafts, which followed the wrong token, are dropped);
 * past the proposer's drafts, single-token positions keep extending the chain, up to the lookahead
-  (``SpeculativeConfig.lookahead``: at least 8, whatever the proposer's k: a forced draft needs no drafter).
+  (``SpeculativeConfig.lookahead``: at least 16, whatever the proposer's k: a forced draft needs no drafter).
 
 A forced draft is the only token the target may emit at its position, so verification always
 accepts it; ``ProposerOutput.forced`` marks them and the acceptance metrics count them apart.
