@@ -138,6 +138,19 @@ def test_forced_drafts_are_always_accepted_and_counted(tiny_models, temperature)
         jsonschema.validate(json.loads(o.outputs[0].text), SCHEMA)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_logprobs_are_one_per_committed_token_when_a_verification_accepts_the_end(tiny_models, temperature):
+    """One step verifies b .. p and EOS (all forced) and samples a token after them: that token is not committed,
+    and gets no logprob (it had one: 18 logprobs for 17 tokens)."""
+    llm = LLM(str(tiny_models["llama"]), **SETTINGS, speculative_config={
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 3})
+    params = SamplingParams(temperature=temperature, seed=3, max_tokens=50, logprobs=0,
+                            structured_output={"choice": ["abcdefghijklmnop"]})
+    out = llm.generate([[7, 8, 9]], params, use_tqdm=False)[0]
+    assert out.outputs[0].text == "abcdefghijklmnop" and out.spec_metrics["num_steps"] == 1
+    assert [next(iter(lp)) for lp in out.outputs[0].logprobs] == out.outputs[0].token_ids  # a..p, EOS
+
+
 class FixedQProposer(Proposer):
     """Samples K drafts from a fixed q (with its probabilities), some of them forbidden by the test's grammar."""
 

@@ -55,7 +55,8 @@ class OutputProcessor:
         """Take the request's new tokens; returns True when a stop string ended it."""
         state = self.states[request.request_id]
         if state.logprobs is not None and logprobs:
-            state.logprobs.extend(logprobs)
+            # one per committed token: a verification's tokens past an accepted end-of-sequence are not committed
+            state.logprobs.extend(logprobs[:request.num_output_tokens - len(state.logprobs)])
         if not request.params.detokenize or not (state.stream or request.params.stop or request.status.finished):
             return False
         old_len = len(state.text)
