@@ -432,3 +432,30 @@ def test_penalties_stay_lossless_under_speculation(spec_models, method):
     assert _tokens(llm.generate(prompts, greedy, use_tqdm=False)) == want_greedy
     assert _tokens(llm.generate(prompts, seeded, use_tqdm=False)) == want_seeded
     assert llm.stats()["num_accepted"] > 0
+
+
+def test_a_stop_string_ends_speculative_output_where_it_ends_plain_output(spec_models):
+    """A verification may commit tokens past the one completing a stop string; they go, with their logprobs, so
+    tokens, text, finish and stop reasons equal decoding a token a step. A stop string completed by the token
+    max_tokens allows ends the output as "stop", as it does a token earlier."""
+    target = str(spec_models["target"])
+    plain = LLM(target, dtype="float32", max_model_len=256, kv_cache_gb=0.02)
+    spec = LLM(target, dtype="float32", max_model_len=256, kv_cache_gb=0.02,
+               speculative_config=_spec_config("ngram", spec_models))
+    prompts = _prompts(4)
+    texts = [o.outputs[0].text for o in plain.generate(prompts, GREEDY, use_tqdm=False)]
+    cases = [(p, t[i:i + 2]) for p, t in zip(prompts, texts) for i in (5, 11, 17) if len(t[i:i + 2]) == 2]
+    params = [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[s], logprobs=0) for _, s in cases]
+    want = plain.generate([p for p, _ in cases], params, use_tqdm=False)
+    got = spec.generate([p for p, _ in cases], params, use_tqdm=False)
+    assert sum(o.spec_metrics["num_accepted"] for o in got) > 0
+    for (_, stop), w, g in zip(cases, want, got):
+        w, g = w.outputs[0], g.outputs[0]
+        assert (g.token_ids, g.text, g.finish_reason, g.stop_reason) == (w.token_ids, w.text, "stop", stop)
+        assert len(g.logprobs) == len(g.from_draft) == len(g.token_ids)
+    # the stop string completed by the last token max_tokens allows
+    (prompt, stop), first = cases[0], want[0].outputs[0]
+    for llm in (plain, spec):
+        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=len(first.token_ids), ignore_eos=True,
+                                                    stop=[stop]), use_tqdm=False)[0].outputs[0]
+        assert (out.token_ids, out.finish_reason, out.stop_reason) == (first.token_ids, "stop", stop)

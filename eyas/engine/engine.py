@@ -152,8 +152,9 @@ class Engine:
             self.outputs.add_prompt_logprobs(request_id, first, entries)
         outputs: dict[str, RequestOutput] = {}  # by request id: one (the latest) per n > 1 parent
         for request in changed:
-            if self.outputs.update(request, result.logprobs.get(request.request_id)):
-                self.scheduler.finish(request.request_id, RequestStatus.FINISHED_STOPPED)
+            kept = self.outputs.update(request, result.logprobs.get(request.request_id))
+            if kept is not None:
+                self.scheduler.stop_string(request, kept)
             saved = self._done(request) if request.status.finished else None
             parent = self._parent_of.get(request.request_id)
             if parent is not None:

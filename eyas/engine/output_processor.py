@@ -24,7 +24,6 @@ class _TextState:
     num_detokenized: int = 0
     logprobs: list[dict[int, float]] | None = None
     stop_reason: int | str | None = None
-    finished_by_stop_string: bool = False
     stream: bool = True  # someone reads its outputs before it ends
     prompt_logprobs: list[dict[int, float] | None] | None = None  # per prompt token; token 0 has None
 
@@ -51,28 +50,48 @@ class OutputProcessor:
         """Whether the request's output after this step is read: it ended, or it streams."""
         return request.status.finished or self.states[request.request_id].stream
 
-    def update(self, request: Request, logprobs: list[dict[int, float]] | None) -> bool:
-        """Take the request's new tokens; returns True when a stop string ended it."""
+    def update(self, request: Request, logprobs: list[dict[int, float]] | None) -> int | None:
+        """Take the request's new tokens. Returns None, or, when a stop string ended it, how many output tokens it
+        keeps: those up to the one that completed the stop string, as decoding a token a step meets it (a
+        verification may have committed more)."""
         state = self.states[request.request_id]
         if state.logprobs is not None and logprobs:
             # one per committed token: a verification's tokens past an accepted end-of-sequence are not committed
             state.logprobs.extend(logprobs[:request.num_output_tokens - len(state.logprobs)])
         if not request.params.detokenize or not (state.stream or request.params.stop or request.status.finished):
-            return False
-        old_len = len(state.text)
-        self._detokenize(state, request)
+            return None
         stops = request.params.stop
-        if stops and not state.finished_by_stop_string:
-            tail_from = max(0, old_len - max(map(len, stops)) + 1)
-            hits = [(state.text.find(s, tail_from), s) for s in stops]
-            hits = [(i, s) for i, s in hits if i >= 0]
-            if hits:
-                index, stop = min(hits)
-                state.text = state.text[:index]
-                state.stop_reason = stop
-                state.finished_by_stop_string = True
-                return True
-        return False
+        if not stops:
+            self._detokenize(state, request)
+            return None
+        new_tokens = request.output_token_ids[state.num_detokenized:]
+        for token in new_tokens:  # a token at a time: the stop string ends the output at the token completing it
+            old_len = len(state.text)
+            state.text += state.detokenizer.add([token])
+            state.num_detokenized += 1
+            if self._stopped(state, stops, old_len):
+                if state.logprobs is not None:
+                    del state.logprobs[state.num_detokenized:]
+                return state.num_detokenized
+        if request.status.finished:
+            old_len = len(state.text)
+            state.text += state.detokenizer.flush()
+            if self._stopped(state, stops, old_len):
+                return state.num_detokenized
+        return None
+
+    @staticmethod
+    def _stopped(state: _TextState, stops: list[str], old_len: int) -> bool:
+        """Whether text added after ``old_len`` completes a stop string; if so the text is cut before it."""
+        tail_from = max(0, old_len - max(map(len, stops)) + 1)
+        hits = [(state.text.find(s, tail_from), s) for s in stops]
+        hits = [(i, s) for i, s in hits if i >= 0]
+        if not hits:
+            return False
+        index, stop = min(hits)
+        state.text = state.text[:index]
+        state.stop_reason = stop
+        return True
 
     def _detokenize(self, state: _TextState, request: Request) -> None:
         """The text of the request's tokens not yet detokenized, and the held-back rest once it has ended."""

@@ -245,6 +245,17 @@ class Scheduler:
         self._finish(request, time.perf_counter())
         return request
 
+    def stop_string(self, request: Request, num_output_tokens: int) -> None:
+        """A stop string in the text ended ``request`` at its first ``num_output_tokens`` outputs: the tokens a
+        verification committed after them go, and it finishes stopped, also where this step's commit ended it
+        past the stop string (at max_tokens, or an end-of-sequence draft), as decoding a token a step would have."""
+        del request.token_ids[request.num_prompt_tokens + num_output_tokens:]
+        del request.from_draft[num_output_tokens:]
+        if request.status.finished:
+            request.status = RequestStatus.FINISHED_STOPPED
+        else:
+            self.finish(request.request_id, RequestStatus.FINISHED_STOPPED)
+
     def _finish(self, request: Request, now: float) -> None:
         if request in self.running:
             self.running.remove(request)
