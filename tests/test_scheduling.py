@@ -106,6 +106,22 @@ def test_stop_conditions_and_outputs(tiny_models):
     assert m.time_to_first_token > 0 and m.time_per_output_token > 0
 
 
+def test_stop_strings_are_looked_for_after_min_tokens_outputs(tiny_models):
+    """As vLLM: a stop string found in the text of the first min_tokens outputs does not end the output."""
+    llm = _llm(tiny_models["llama"])
+    prompt = _prompts(1)[0]
+    base = llm.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0]
+    stop = base.text[:2]
+    early = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop]),
+                         use_tqdm=False)[0].outputs[0]
+    assert early.finish_reason == "stop" and early.text == "" and len(early.token_ids) < 6
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop],
+                                                min_tokens=6), use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) >= 6 and out.token_ids == base.token_ids[:len(out.token_ids)]
+    assert base.text.startswith(out.text) and out.text.startswith(stop)  # the early one stays in the text
+    assert out.finish_reason == "length" or out.stop_reason == stop  # or it was found again past the sixth token
+
+
 def test_expected_drafts_equal_what_the_next_step_verifies():
     """The plan's peek (``expected_drafts``) is what the next step allocates when this step's verification
     teaches nothing: 16 requests at batch 16 beside a prompt that finishes next step, with budgets that

@@ -64,19 +64,22 @@ class OutputProcessor:
         if not stops:
             self._detokenize(state, request)
             return None
+        # a token at a time: the stop string ends the output at the token completing it. None is looked for before
+        # min_tokens outputs (as vLLM): the text of the first min_tokens only ends one that runs past them
+        after = request.params.min_tokens
         new_tokens = request.output_token_ids[state.num_detokenized:]
-        for token in new_tokens:  # a token at a time: the stop string ends the output at the token completing it
+        for token in new_tokens:
             old_len = len(state.text)
             state.text += state.detokenizer.add([token])
             state.num_detokenized += 1
-            if self._stopped(state, stops, old_len):
+            if state.num_detokenized > after and self._stopped(state, stops, old_len):
                 if state.logprobs is not None:
                     del state.logprobs[state.num_detokenized:]
                 return state.num_detokenized
         if request.status.finished:
             old_len = len(state.text)
             state.text += state.detokenizer.flush()
-            if self._stopped(state, stops, old_len):
+            if state.num_detokenized > after and self._stopped(state, stops, old_len):
                 return state.num_detokenized
         return None
 

@@ -17,7 +17,7 @@ class SamplingParams:
     top_k: int = 0  # 0 or -1 = disabled
     min_p: float = 0.0
     max_tokens: int = 16
-    min_tokens: int = 0
+    min_tokens: int = 0  # no end-of-sequence, stop token or stop string ends an output before it
     seed: int | None = None
     stop: str | list[str] | None = None  # normalised to a list in __post_init__
     stop_token_ids: list[int] | None = None
