@@ -11,6 +11,7 @@ import transformers
 from scipy import stats
 
 from eyas import LLM, SamplingParams
+from eyas.sampling.min_tokens import hold_stops
 from eyas.sampling.penalties import penalize
 
 ALPHA = 1e-3
@@ -35,6 +36,19 @@ def test_penalize_follows_the_documented_example():
     plain = SamplingParams()
     assert penalize(logits, [(plain, [5, 7], 1, [9])]) is logits  # nothing to do: no copy
 
+
+
+def test_hold_stops_follows_the_documented_example():
+    """eyas.sampling.min_tokens's example: min_tokens 3, eos {2}, stop_token_ids [9], 1 output made, 3 drafts."""
+    logits = torch.randn(4 + 2, 12)
+    params = SamplingParams(min_tokens=3, max_tokens=10, stop_token_ids=[9])
+    out = hold_stops(logits, [(params, frozenset({2}), 1, 3, False), (params, frozenset({2}), 0, 1, True)])
+    want = logits.clone()
+    want[[0, 0, 1, 1], [2, 9, 2, 9]] = float("-inf")
+    assert torch.equal(out, want)  # the second request has a grammar: left alone
+    ignoring = SamplingParams(min_tokens=3, max_tokens=10, ignore_eos=True)
+    assert torch.isinf(hold_stops(logits[:1], [(ignoring, frozenset({2}), 0, 0, False)])).sum() == 0
+    assert hold_stops(logits, [(params, frozenset({2}), 3, 5, False)]) is logits  # past min_tokens: no copy
 
 
 def _dense_reference(x, params, prompt, output, drafts):

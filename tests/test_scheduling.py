@@ -122,6 +122,28 @@ def test_stop_strings_are_looked_for_after_min_tokens_outputs(tiny_models):
     assert out.finish_reason == "length" or out.stop_reason == stop  # or it was found again past the sixth token
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_tokens_holds_back_the_stop_tokens(tiny_models, temperature):
+    """Before min_tokens outputs the end-of-sequence and stop tokens are never sampled (vLLM's and HF's meaning),
+    even where they are all but certain: a bias of +30 makes the first output an EOS without min_tokens; with
+    min_tokens 5 the EOS comes sixth and ends the output, and likewise a stop token. The same tokens with n-gram
+    drafts (which propose the EOS the prompt repeats)."""
+    eos = 258
+    prompt = [7, 8, eos, 9] * 4
+    plain = _llm(tiny_models["llama"])
+    spec = _llm(tiny_models["llama"], speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                                          "prompt_lookup_min": 1, "verification": "shared_noise"})
+    assert plain.generate([prompt], SamplingParams(temperature=temperature, seed=1, max_tokens=20,
+                                                   logit_bias={eos: 30.0}), use_tqdm=False)[0].outputs[0].token_ids == [eos]
+    for stop in ({"logit_bias": {eos: 30.0}}, {"logit_bias": {9: 30.0}, "stop_token_ids": [9], "ignore_eos": True}):
+        params = SamplingParams(temperature=temperature, seed=1, max_tokens=20, min_tokens=5, **stop)
+        want = plain.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+        ended_by = stop.get("stop_token_ids", [eos])[0]
+        assert len(want.token_ids) == 6 and want.token_ids[-1] == ended_by and ended_by not in want.token_ids[:5]
+        assert want.finish_reason == "stop"
+        assert spec.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids == want.token_ids
+
+
 def test_expected_drafts_equal_what_the_next_step_verifies():
     """The plan's peek (``expected_drafts``) is what the next step allocates when this step's verification
     teaches nothing: 16 requests at batch 16 beside a prompt that finishes next step, with budgets that
