@@ -49,6 +49,8 @@ def test_hold_stops_follows_the_documented_example():
     ignoring = SamplingParams(min_tokens=3, max_tokens=10, ignore_eos=True)
     assert torch.isinf(hold_stops(logits[:1], [(ignoring, frozenset({2}), 0, 0, False)])).sum() == 0
     assert hold_stops(logits, [(params, frozenset({2}), 3, 5, False)]) is logits  # past min_tokens: no copy
+    past = hold_stops(logits[:1], [(params, frozenset({2, 40}), 0, 0, False)])  # an EOS id past the vocabulary
+    assert torch.isinf(past).sum() == 2
 
 
 def _dense_reference(x, params, prompt, output, drafts):
@@ -170,11 +172,14 @@ def test_bad_penalties_are_refused(kwargs, message):
         SamplingParams(**kwargs)
 
 
-def test_logit_bias_outside_the_vocabulary_leaves_the_engine_serving(tiny_models):
+def test_token_ids_outside_the_vocabulary_leave_the_engine_serving(tiny_models):
     llm = LLM(str(tiny_models["llama"]), dtype="float32", max_model_len=128, kv_cache_gb=0.01)
     good = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, repetition_penalty=1.3)
     before = llm.generate([[1, 2, 3]], good, use_tqdm=False)[0].outputs[0].token_ids
     with pytest.raises(ValueError, match=r"logit_bias: token ids \[400\] outside the vocabulary \[0, 320\)"):
         llm.generate([[1, 2, 3], [4]], [good, SamplingParams(logit_bias={400: 1.0})], use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+    with pytest.raises(ValueError, match=r"stop_token_ids: token ids \[320\] outside the vocabulary \[0, 320\)"):
+        llm.generate([[4]], SamplingParams(stop_token_ids=[320], min_tokens=2), use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
     assert llm.generate([[1, 2, 3]], good, use_tqdm=False)[0].outputs[0].token_ids == before

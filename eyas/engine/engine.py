@@ -73,9 +73,10 @@ class Engine:
         bad = [t for t in prompt_token_ids if not (isinstance(t, int) and 0 <= t < vocab)]
         if bad:
             raise ValueError(f"prompt_token_ids: {bad[:5]} outside the vocabulary [0, {vocab})")
-        bias = [t for t in params.logit_bias or {} if t >= vocab]
-        if bias:
-            raise ValueError(f"logit_bias: token ids {bias[:5]} outside the vocabulary [0, {vocab})")
+        for name, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids or ())):
+            outside = [t for t in ids if t >= vocab]
+            if outside:
+                raise ValueError(f"{name}: token ids {outside[:5]} outside the vocabulary [0, {vocab})")
         if len(prompt_token_ids) >= max_len:
             raise ValueError(f"prompt: {len(prompt_token_ids)} tokens does not fit max_model_len={max_len} "
                              f"(at most {max_len - 1} prompt tokens, leaving room for one output token)")

@@ -29,6 +29,7 @@ def hold_stops(logits: Tensor, rows: list[tuple[SamplingParams, frozenset[int], 
         held = min(drafts + 1, params.min_tokens - made) if not grammar else 0  # rows 0 .. held - 1
         if held > 0:
             stops = sorted((set() if params.ignore_eos else set(eos)) | set(params.stop_token_ids or ()))
+            stops = [t for t in stops if t < logits.shape[-1]]  # a tokenizer's EOS past the model's vocabulary
             held_rows += [start + j for j in range(held) for _ in stops]
             held_tokens += stops * held
         start += drafts + 1
