@@ -47,6 +47,7 @@ def test_bad_engine_settings(tiny_models):
     (dict(top_p=0.0), "top_p"),
     (dict(top_p=1.5), "top_p"),
     (dict(max_tokens=0), "max_tokens"),
+    (dict(max_tokens=2.5), r"max_tokens=2.5 is invalid: must be an integer >= 1, or None"),
     (dict(top_k=-3), "top_k"),
     (dict(min_p=2.0), "min_p"),
 ])

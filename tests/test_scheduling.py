@@ -106,6 +106,14 @@ def test_stop_conditions_and_outputs(tiny_models):
     assert m.time_to_first_token > 0 and m.time_per_output_token > 0
 
 
+def test_max_tokens_none_runs_to_max_model_len(tiny_models):
+    """As vLLM: max_tokens=None lets an output run until prompt and output fill max_model_len."""
+    llm = LLM(str(tiny_models["llama"]), dtype="float32", max_model_len=64, kv_cache_gb=0.02)
+    out = llm.generate([list(range(5, 15))], SamplingParams(temperature=0, max_tokens=None, ignore_eos=True),
+                       use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) == 64 - 10 and out.finish_reason == "length"
+
+
 def test_stop_strings_are_looked_for_after_min_tokens_outputs(tiny_models):
     """As vLLM: a stop string found in the text of the first min_tokens outputs does not end the output."""
     llm = _llm(tiny_models["llama"])

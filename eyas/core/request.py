@@ -66,4 +66,5 @@ class Request:
 
     @property
     def max_output_tokens(self) -> int:
-        return min(self.params.max_tokens, self.max_total_tokens - self.num_prompt_tokens)
+        room = self.max_total_tokens - self.num_prompt_tokens
+        return room if self.params.max_tokens is None else min(self.params.max_tokens, room)

@@ -16,7 +16,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1 = disabled
     min_p: float = 0.0
-    max_tokens: int = 16
+    max_tokens: int | None = 16  # None: as many as max_model_len leaves after the prompt (vLLM's meaning)
     min_tokens: int = 0  # no end-of-sequence, stop token or stop string ends an output before it
     seed: int | None = None
     stop: str | list[str] | None = None  # normalised to a list in __post_init__
@@ -52,9 +52,9 @@ class SamplingParams:
             raise bad("top_k", self.top_k, ">= 1, or 0 / -1 to disable")
         if not 0 <= self.min_p <= 1:
             raise bad("min_p", self.min_p, "in [0, 1]")
-        if self.max_tokens < 1:
-            raise bad("max_tokens", self.max_tokens, ">= 1")
-        if not 0 <= self.min_tokens <= self.max_tokens:
+        if self.max_tokens is not None and not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):
+            raise bad("max_tokens", self.max_tokens, "an integer >= 1, or None (up to max_model_len)")
+        if not 0 <= self.min_tokens <= (self.max_tokens or self.min_tokens):
             raise bad("min_tokens", self.min_tokens, f"in [0, max_tokens={self.max_tokens}]")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
