@@ -25,7 +25,8 @@ from eyas.tools.grammar import constrain
 from eyas.tools.render import render_chat
 
 logger = logging.getLogger("eyas")
-Prompt = str | list[int]
+# text, token ids, or vLLM's prompt dicts: {"prompt": text} and {"prompt_token_ids": ids}
+Prompt = str | list[int] | dict
 Conversation = list[dict]
 
 
@@ -135,12 +136,25 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run prompts (text or token-id lists) to completion; outputs come back in prompt order."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        """Run prompts (text, token-id lists, or vLLM's ``{"prompt": text}`` and ``{"prompt_token_ids": ids}``) to
+        completion; outputs come back in prompt order."""
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        encoded = [(self.tokenizer.encode(p), p) if isinstance(p, str) else (list(p), None) for p in prompts]
+        encoded = [self._encode(p) for p in prompts]
         return self._run(self._add_all(encoded, self._params_list(sampling_params, len(encoded)), stream=False),
                          use_tqdm)
+
+    def _encode(self, prompt: Prompt) -> tuple[list[int], str | None]:
+        """A prompt's token ids and text (None when given as ids)."""
+        if isinstance(prompt, dict):
+            if set(prompt) == {"prompt"} and isinstance(prompt["prompt"], str):
+                prompt = prompt["prompt"]
+            elif set(prompt) == {"prompt_token_ids"}:
+                prompt = prompt["prompt_token_ids"]
+            else:
+                raise ValueError(f"prompt: a dict must hold 'prompt' (text) or 'prompt_token_ids' alone; got keys "
+                                 f"{sorted(prompt)}")
+        return (self.tokenizer.encode(prompt), prompt) if isinstance(prompt, str) else (list(prompt), None)
 
     def _params_list(self, params, n: int) -> list[SamplingParams]:
         params = params if params is not None else self.get_default_sampling_params()

@@ -73,6 +73,19 @@ def test_bad_prompt_leaves_engine_serving(llm, prompt, message):
     assert after[0].outputs[0].token_ids == before
 
 
+def test_vllm_prompt_dicts_are_prompts_and_other_dicts_are_refused(llm):
+    """vLLM's TokensPrompt and TextPrompt shapes give what token ids and text give; a dict with other keys (say
+    vLLM's multi_modal_data) gets a ValueError naming them, and the engine keeps serving."""
+    good = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    ids = llm.generate([[5, 6, 7], "hi"], good, use_tqdm=False)
+    dicts = llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt": "hi"}], good, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in dicts] == [o.outputs[0].token_ids for o in ids]
+    assert llm.generate({"prompt": "hi"}, good, use_tqdm=False)[0].prompt == "hi"
+    with pytest.raises(ValueError, match=r"prompt: a dict must hold .* got keys \['multi_modal_data', 'prompt'\]"):
+        llm.generate([[5, 6, 7], {"prompt": "hi", "multi_modal_data": {}}], good, use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+
+
 def test_mismatched_sampling_params_list(llm):
     with pytest.raises(ValueError, match="sampling_params: 2 given for 3 prompts"):
         llm.generate([[1], [2], [3]], [SamplingParams(), SamplingParams()], use_tqdm=False)
