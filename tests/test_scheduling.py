@@ -102,6 +102,8 @@ def test_stop_conditions_and_outputs(tiny_models):
     assert c.finish_reason == "length" and len(c.token_ids) == 7 and len(c.logprobs) == 7
     assert all(t in lp and len(lp) >= 3 for t, lp in zip(c.token_ids, c.logprobs))
     assert all(max(lp.values()) == lp[t] for t, lp in zip(c.token_ids, c.logprobs))  # greedy = top-1
+    assert c.cumulative_logprob == pytest.approx(sum(lp[t] for t, lp in zip(c.token_ids, c.logprobs)))
+    assert c.cumulative_logprob < 0 and base.cumulative_logprob is None  # none without logprobs
     m = out.metrics
     assert m.time_to_first_token > 0 and m.time_per_output_token > 0
 

@@ -35,6 +35,13 @@ class CompletionOutput:
     from_draft: list[bool] = field(default_factory=list)  # per token: an accepted draft (True) or the target's sample
     tool_calls: list | None = None  # LLM.chat with tools: the reply's calls (eyas.tools.ToolCall), else None
 
+    @property
+    def cumulative_logprob(self) -> float | None:
+        """The sum of the output tokens' logprobs (vLLM's field), when logprobs were asked for; else None."""
+        if self.logprobs is None:
+            return None
+        return sum(lp[t] for t, lp in zip(self.token_ids, self.logprobs))
+
 
 @dataclass
 class RequestOutput:
