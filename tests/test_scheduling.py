@@ -96,6 +96,9 @@ def test_stop_conditions_and_outputs(tiny_models):
                            use_tqdm=False)[0]
         assert out.outputs[0].finish_reason == "stop" and stop_str not in out.outputs[0].text
         assert text.startswith(out.outputs[0].text)
+        kept = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40, stop=[stop_str], ignore_eos=True,
+                                                     include_stop_str_in_output=True), use_tqdm=False)[0].outputs[0]
+        assert kept.text == out.outputs[0].text + stop_str and kept.token_ids == out.outputs[0].token_ids
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=7, ignore_eos=True, logprobs=3),
                        use_tqdm=False)[0]
     c = out.outputs[0]

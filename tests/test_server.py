@@ -56,6 +56,25 @@ def test_sync_client_outputs_equal_offline(server, offline):
     assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == want[0].outputs[0].text
 
 
+def test_stop_strings_over_the_api_equal_offline_streamed_or_not(server, offline):
+    """`stop` and vLLM's `include_stop_str_in_output` reach the engine: the text ends before (or after) the stop
+    string, as offline, streamed (the stream holds back what may begin a stop string) or not."""
+    client = _client(server)
+    text = offline.generate(["abc"], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+                            use_tqdm=False)[0].outputs[0].text
+    stop = text[6:8]
+    for include in (False, True):
+        want = offline.generate(["abc"], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=stop,
+                                                        include_stop_str_in_output=include), use_tqdm=False)
+        want = want[0].outputs[0]
+        assert want.text.endswith(stop) == include and want.finish_reason == "stop"
+        body = dict(model="tiny", prompt="abc", temperature=0, max_tokens=24, stop=stop,
+                    extra_body={"ignore_eos": True, "include_stop_str_in_output": include})
+        assert client.completions.create(**body).choices[0].text == want.text
+        streamed = client.completions.create(**body, stream=True)
+        assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == want.text
+
+
 def test_async_client_streams_chat_with_usage(server, offline):
     async def run():
         client = openai.AsyncOpenAI(base_url=server.base + "/v1", api_key="none", max_retries=0)

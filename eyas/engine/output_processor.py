@@ -14,6 +14,7 @@ from eyas.core.request import Request
 from eyas.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from eyas.model.detokenizer import IncrementalDetokenizer
 from eyas.model.tokenizer import Tokenizer
+from eyas.sampling.params import SamplingParams
 
 
 @dataclass
@@ -72,27 +73,29 @@ class OutputProcessor:
             old_len = len(state.text)
             state.text += state.detokenizer.add([token])
             state.num_detokenized += 1
-            if state.num_detokenized > after and self._stopped(state, stops, old_len):
+            if state.num_detokenized > after and self._stopped(state, request.params, old_len):
                 if state.logprobs is not None:
                     del state.logprobs[state.num_detokenized:]
                 return state.num_detokenized
         if request.status.finished:
             old_len = len(state.text)
             state.text += state.detokenizer.flush()
-            if state.num_detokenized > after and self._stopped(state, stops, old_len):
+            if state.num_detokenized > after and self._stopped(state, request.params, old_len):
                 return state.num_detokenized
         return None
 
     @staticmethod
-    def _stopped(state: _TextState, stops: list[str], old_len: int) -> bool:
-        """Whether text added after ``old_len`` completes a stop string; if so the text is cut before it."""
+    def _stopped(state: _TextState, params: SamplingParams, old_len: int) -> bool:
+        """Whether text added after ``old_len`` completes a stop string; if so the text is cut before it (after it
+        with ``include_stop_str_in_output``)."""
+        stops = params.stop
         tail_from = max(0, old_len - max(map(len, stops)) + 1)
         hits = [(state.text.find(s, tail_from), s) for s in stops]
         hits = [(i, s) for i, s in hits if i >= 0]
         if not hits:
             return False
         index, stop = min(hits)
-        state.text = state.text[:index]
+        state.text = state.text[:index + len(stop) * params.include_stop_str_in_output]
         state.stop_reason = stop
         return True
 

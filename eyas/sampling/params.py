@@ -21,6 +21,7 @@ class SamplingParams:
     seed: int | None = None
     stop: str | list[str] | None = None  # normalised to a list in __post_init__
     stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False  # the stop string that ended an output stays at the end of its text
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n logprobs per token, plus the sampled one (0: it only)
     prompt_logprobs: int | None = None  # the same for every prompt token after the first (skips the prefix cache)
