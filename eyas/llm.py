@@ -168,17 +168,19 @@ class LLM:
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              add_generation_prompt: bool = True, use_tqdm: bool = True, *, tools: list[dict] | None = None,
              tool_choice: str | dict | None = None, parallel_tool_calls: bool | None = None,
-             continue_final_message: bool = False) -> list[RequestOutput]:
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
         """Render conversations with the model's chat template, then generate.
 
         ``tools``, ``tool_choice``, ``parallel_tool_calls``: OpenAI's shapes (docs/tools.md). Each output's
         ``tool_calls`` then lists the reply's calls (arguments valid against their schema by construction);
         its ``text`` is the whole reply, calls included. ``continue_final_message``: the reply continues the
-        final assistant message (give ``add_generation_prompt=False``).
+        final assistant message (give ``add_generation_prompt=False``). ``chat_template_kwargs``: more variables
+        for the chat template, as vLLM's (``{"enable_thinking": False}`` for Qwen3's).
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         request = ToolRequest.from_openai(tools, tool_choice, parallel_tool_calls, self.tokenizer)
-        texts = [render_chat(self.tokenizer, c, request, add_generation_prompt, continue_final_message)
+        texts = [render_chat(self.tokenizer, c, request, add_generation_prompt, continue_final_message,
+                             chat_template_kwargs)
                  for c in conversations]
         # the template already carries any BOS token, so encode without special tokens (as HF does)
         prompts = [(self.tokenizer.encode(t, add_special_tokens=False), t) for t in texts]

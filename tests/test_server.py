@@ -130,6 +130,7 @@ def test_a_disconnect_mid_stream_aborts_and_frees_the_blocks(server):
     ("/v1/chat/completions", {"messages": MESSAGES, "top_p": 0}, 400, "top_p"),
     ("/v1/chat/completions", {"messages": MESSAGES, "n": 1000}, 400, "n"),
     ("/v1/chat/completions", {"messages": MESSAGES, "tools": []}, 400, "tools"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "chat_template_kwargs": {"tools": []}}, 400, "chat_template_kwargs"),
     ("/v1/completions", {"prompt": [99999]}, 400, "prompt_token_ids"),
     ("/v1/completions", {"prompt": "x" * 400}, 400, "prompt"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 10_000}, 400, "max_tokens"),

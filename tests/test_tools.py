@@ -147,6 +147,33 @@ def test_native_rendering_hands_the_template_tools_and_call_objects():
                     '<tool>{"temp": 21}@c1')
 
 
+def test_chat_template_kwargs_reach_the_template_and_its_own_variables_are_refused():
+    """vLLM's chat_template_kwargs: Qwen3's ``enable_thinking`` shape reaches the template; a variable eyas sets
+    (``tools``, ``messages``...) or a value that is not an object is refused by name."""
+    template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>"
+                "{% if enable_thinking is defined and enable_thinking is false %}<think></think>{% endif %}{% endif %}")
+    from tokenizers import Tokenizer as Backend
+    from tokenizers.models import WordLevel
+
+    tok = Tokenizer(Backend(WordLevel({"a": 0}, unk_token="a")), chat_template=template)
+    messages = [{"role": "user", "content": "hi"}]
+    assert render_chat(tok, messages) == "<user>hi<assistant>"
+    assert render_chat(tok, messages, template_kwargs={"enable_thinking": False}) == "<user>hi<assistant><think></think>"
+    for bad in ({"tools": []}, {"messages": [], "x": 1}, ["enable_thinking"]):
+        with pytest.raises(ValueError, match=r"^chat_template_kwargs: must be an object of template variables"):
+            render_chat(tok, messages, template_kwargs=bad)
+
+
+def test_llm_chat_hands_chat_template_kwargs_to_the_template(tiny_models):
+    from eyas import LLM, SamplingParams
+
+    llm = LLM(str(tiny_models["llama"]), dtype="float32", max_model_len=128, kv_cache_gb=0.01)
+    llm.tokenizer.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}{{ greeting | default('') }}"
+    out = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=1), use_tqdm=False,
+                   chat_template_kwargs={"greeting": " there"})[0]
+    assert out.prompt == "hi there"
+
+
 @pytest.mark.parametrize("messages, field", [
     ([{"role": "user", "content": "x"}, {"role": "tool", "content": "y"}], "messages[1].tool_call_id"),
     ([{"role": "user", "content": "x"}, {"role": "tool", "content": "y", "tool_call_id": "zz"}],

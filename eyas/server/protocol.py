@@ -168,6 +168,7 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # the reply continues the last (assistant) message: a prefill
+    chat_template_kwargs: dict | None = None  # vLLM's: more variables for the chat template
     tools: Any = None  # checked by eyas.tools.ToolRequest, whose errors name the field inside it
     tool_choice: Any = None
     parallel_tool_calls: Any = None

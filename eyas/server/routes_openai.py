@@ -71,7 +71,7 @@ def router(service: Service) -> APIRouter:
             tools = ToolRequest.from_openai(body.tools, body.tool_choice, body.parallel_tool_calls,
                                              tokenizer)
             text = render_chat(tokenizer, body.conversation(), tools, body.add_generation_prompt,
-                               body.continue_final_message)
+                               body.continue_final_message, body.chat_template_kwargs)
         except ValueError as error:
             raise ApiError(400, str(error), param_of(str(error)) or "messages") from None
         ids = tokenizer.encode(text, add_special_tokens=False)

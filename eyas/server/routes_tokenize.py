@@ -27,6 +27,7 @@ class TokenizeRequest(BaseModel):
     add_special_tokens: bool | None = None  # default: true for a prompt, false for messages (the template has them)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template_kwargs: dict | None = None
     tools: Any = None
     return_token_strs: bool = False
 
@@ -55,7 +56,7 @@ def router(service: Service) -> APIRouter:
                 tools = ToolRequest.from_openai(body.tools, "none" if body.tools is not None else None,
                                                  tokenizer=tokenizer)
                 text = render_chat(tokenizer, chat.conversation(), tools, body.add_generation_prompt,
-                                   body.continue_final_message)
+                                   body.continue_final_message, body.chat_template_kwargs)
             except ValueError as error:
                 raise ApiError(400, str(error), param_of(str(error)) or "messages") from None
             special = bool(body.add_special_tokens)

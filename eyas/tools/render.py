@@ -34,9 +34,20 @@ GENERIC_PREAMBLE = (
     "A function's result comes back inside <tool_response></tool_response> tags.")  # GENERIC's syntax
 
 
+TEMPLATE_VARIABLES = ("messages", "add_generation_prompt", "tools", "bos_token", "eos_token")  # set here
+
+
 def render_chat(tokenizer: Tokenizer, messages: list[dict], tools: ToolRequest | None = None,
-                add_generation_prompt: bool = True, continue_final_message: bool = False) -> str:
-    """The prompt text; ValueError naming ``messages[i].field`` (or the template's own refusal, as ValueError)."""
+                add_generation_prompt: bool = True, continue_final_message: bool = False,
+                template_kwargs: dict | None = None) -> str:
+    """The prompt text; ValueError naming ``messages[i].field`` (or the template's own refusal, as ValueError).
+    ``template_kwargs``: more variables for the template (vLLM's ``chat_template_kwargs``, e.g.
+    ``{"enable_thinking": False}``); the ones eyas sets itself are refused."""
+    if template_kwargs is not None:
+        taken = sorted(set(template_kwargs) & set(TEMPLATE_VARIABLES)) if isinstance(template_kwargs, dict) else None
+        if taken is None or taken:
+            raise ValueError(f"chat_template_kwargs: must be an object of template variables other than "
+                             f"{', '.join(TEMPLATE_VARIABLES)}" + (f"; got {', '.join(taken)}" if taken else ""))
     checked = check_messages(messages)
     if continue_final_message:
         if add_generation_prompt:
@@ -48,7 +59,9 @@ def render_chat(tokenizer: Tokenizer, messages: list[dict], tools: ToolRequest |
         prefill = checked[-1]["content"]
         checked[-1] = {**checked[-1], "content": PREFILL_MARK}
     syntax, native = for_template(tokenizer.chat_template)
-    extra = {"tools": [t.as_openai() for t in tools.tools]} if native and tools is not None else {}
+    extra = dict(template_kwargs or {})
+    if native and tools is not None:
+        extra["tools"] = [t.as_openai() for t in tools.tools]
     rendered = _native(checked, syntax) if native else _generic(checked, tools)
     try:
         text = tokenizer.apply_chat_template(rendered, add_generation_prompt=add_generation_prompt, **extra)
