@@ -11,7 +11,7 @@ import transformers
 from scipy import stats
 
 from eyas import LLM, SamplingParams
-from eyas.sampling.min_tokens import hold_stops
+from eyas.sampling.allowed import restrict
 from eyas.sampling.penalties import penalize
 
 ALPHA = 1e-3
@@ -38,18 +38,25 @@ def test_penalize_follows_the_documented_example():
 
 
 
-def test_hold_stops_follows_the_documented_example():
-    """eyas.sampling.min_tokens's example: min_tokens 3, eos {2}, stop_token_ids [9], 1 output made, 3 drafts."""
+def test_restrict_follows_the_documented_example():
+    """eyas.sampling.allowed's example: min_tokens 3, eos {2}, stop_token_ids [9], 1 output made, 3 drafts; then
+    with allowed_token_ids [2, 5, 9] too."""
     logits = torch.randn(4 + 2, 12)
     params = SamplingParams(min_tokens=3, max_tokens=10, stop_token_ids=[9])
-    out = hold_stops(logits, [(params, frozenset({2}), 1, 3, False), (params, frozenset({2}), 0, 1, True)])
+    out = restrict(logits, [(params, frozenset({2}), 1, 3, False), (params, frozenset({2}), 0, 1, True)])
     want = logits.clone()
     want[[0, 0, 1, 1], [2, 9, 2, 9]] = float("-inf")
     assert torch.equal(out, want)  # the second request has a grammar: left alone
+    allowed = SamplingParams(min_tokens=3, max_tokens=10, stop_token_ids=[9], allowed_token_ids=[2, 5, 9])
+    out = restrict(logits[:4], [(allowed, frozenset({2}), 1, 3, False)])
+    assert [torch.isfinite(row).nonzero()[:, 0].tolist() for row in out] == [[5], [5], [2, 5, 9], [2, 5, 9]]
+    assert torch.equal(out[3, [2, 5, 9]], logits[3, [2, 5, 9]])
+    only_stops = SamplingParams(min_tokens=3, max_tokens=10, allowed_token_ids=[2])  # a row is never emptied
+    assert torch.isfinite(restrict(logits[:1], [(only_stops, frozenset({2}), 0, 0, False)])).sum() == 1
     ignoring = SamplingParams(min_tokens=3, max_tokens=10, ignore_eos=True)
-    assert torch.isinf(hold_stops(logits[:1], [(ignoring, frozenset({2}), 0, 0, False)])).sum() == 0
-    assert hold_stops(logits, [(params, frozenset({2}), 3, 5, False)]) is logits  # past min_tokens: no copy
-    past = hold_stops(logits[:1], [(params, frozenset({2, 40}), 0, 0, False)])  # an EOS id past the vocabulary
+    assert torch.isinf(restrict(logits[:1], [(ignoring, frozenset({2}), 0, 0, False)])).sum() == 0
+    assert restrict(logits, [(params, frozenset({2}), 3, 5, False)]) is logits  # past min_tokens: no copy
+    past = restrict(logits[:1], [(params, frozenset({2, 40}), 0, 0, False)])  # an EOS id past the vocabulary
     assert torch.isinf(past).sum() == 2
 
 

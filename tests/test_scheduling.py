@@ -157,6 +157,27 @@ def test_min_tokens_holds_back_the_stop_tokens(tiny_models, temperature):
         assert spec.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids == want.token_ids
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_allowed_token_ids_are_the_only_ones_sampled(tiny_models, temperature):
+    """vLLM's allowed_token_ids: every output token is one of them, greedy and seeded, the same tokens with n-gram
+    drafts (which propose others from the prompt); outside the vocabulary, or with structured output, refused."""
+    allowed = [40, 41, 42, 258]
+    prompt = [40, 41, 7, 8, 40, 41, 7, 8]
+    plain = _llm(tiny_models["llama"])
+    spec = _llm(tiny_models["llama"], speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                                          "prompt_lookup_min": 1, "verification": "shared_noise"})
+    params = SamplingParams(temperature=temperature, seed=2, max_tokens=24, ignore_eos=True, allowed_token_ids=allowed)
+    want = plain.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+    assert len(want) == 24 and set(want) <= set(allowed)
+    assert temperature == 0 or len(set(want)) > 1  # sampled: spread over them
+    assert spec.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids == want
+    with pytest.raises(ValueError, match=r"allowed_token_ids: token ids \[320\] outside the vocabulary"):
+        plain.generate([prompt], SamplingParams(allowed_token_ids=[5, 320]), use_tqdm=False)
+    with pytest.raises(ValueError, match=r"allowed_token_ids=\[5\] is invalid: must be None with structured_output"):
+        SamplingParams(allowed_token_ids=[5], structured_output={"choice": ["a"]})
+    assert not plain.engine.has_unfinished_requests()
+
+
 def test_expected_drafts_equal_what_the_next_step_verifies():
     """The plan's peek (``expected_drafts``) is what the next step allocates when this step's verification
     teaches nothing: 16 requests at batch 16 beside a prompt that finishes next step, with budgets that

@@ -73,7 +73,8 @@ class Engine:
         bad = [t for t in prompt_token_ids if not (isinstance(t, int) and 0 <= t < vocab)]
         if bad:
             raise ValueError(f"prompt_token_ids: {bad[:5]} outside the vocabulary [0, {vocab})")
-        for name, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids or ())):
+        for name, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids or ()),
+                          ("allowed_token_ids", params.allowed_token_ids or ())):
             outside = [t for t in ids if t >= vocab]
             if outside:
                 raise ValueError(f"{name}: token ids {outside[:5]} outside the vocabulary [0, {vocab})")

@@ -36,8 +36,8 @@ from eyas.model.llama import ModelOutput
 from eyas.model.loader import load_model
 from eyas.runner.prompt_logprobs import prompt_logprobs
 from eyas.runner.row_cost import measured_draft_products, measured_row_cost
+from eyas.sampling.allowed import restrict
 from eyas.sampling.grammar_masks import GrammarMasks, GrammarTimings, MaskFiller, PendingMasks
-from eyas.sampling.min_tokens import hold_stops
 from eyas.sampling.penalties import penalize
 from eyas.sampling.rejection import VerifyResult, greedy_verify, rejection_sample, shared_noise_verify
 from eyas.sampling.row_ops import argmax
@@ -160,8 +160,8 @@ class ModelRunner:
         params = [e.request.params for e in entries]
         logits = penalize(logits, [(e.request.params, e.request.token_ids, e.request.num_prompt_tokens,
                                     e.draft_token_ids) for e in entries])
-        logits = hold_stops(logits, [(e.request.params, e.request.eos_token_ids, e.request.num_output_tokens,
-                                      len(e.draft_token_ids), e.request.grammar is not None) for e in entries])
+        logits = restrict(logits, [(e.request.params, e.request.eos_token_ids, e.request.num_output_tokens,
+                                    len(e.draft_token_ids), e.request.grammar is not None) for e in entries])
         if all(p.greedy for p in params):
             tokens = masks.argmax(logits) if masks is not None else argmax(logits)  # [N]
             return greedy_verify(tokens[pad], drafts, num_drafts)

@@ -22,6 +22,7 @@ class SamplingParams:
     stop: str | list[str] | None = None  # normalised to a list in __post_init__
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False  # the stop string that ended an output stays at the end of its text
+    allowed_token_ids: list[int] | None = None  # only these may be sampled (vLLM's; not with structured_output)
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n logprobs per token, plus the sampled one (0: it only)
     prompt_logprobs: int | None = None  # the same for every prompt token after the first (skips the prefix cache)
@@ -86,6 +87,13 @@ class SamplingParams:
                                          "use stop_token_ids")
         if self.stop_token_ids is not None and any(t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", self.stop_token_ids, "a list of token ids >= 0")
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            if not (isinstance(ids, (list, tuple)) and ids and all(isinstance(t, int) and t >= 0 for t in ids)):
+                raise bad("allowed_token_ids", ids, "a non-empty list of token ids >= 0")
+            if self.structured_output is not None:
+                raise bad("allowed_token_ids", ids, "None with structured_output (its grammar decides the tokens)")
+            self.allowed_token_ids = list(ids)
         if any(t < 0 for t in self.keep_special_token_ids):
             raise bad("keep_special_token_ids", self.keep_special_token_ids, "a tuple of token ids >= 0")
         if self.structured_output is not None:

@@ -4,7 +4,8 @@ Fields the API defines and eyas does not implement are refused by name (400) rat
 fields nobody defines are ignored, as the OpenAI API and vLLM do. Sampling fields left out take the
 model's defaults (``generation_config.json``, or the built-in model's card), then the API's.
 vLLM's extensions are accepted: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``,
-``ignore_eos``, ``stop_token_ids``, ``include_stop_str_in_output``, ``skip_special_tokens``; and eyas's ``speculate`` (false: this
+``ignore_eos``, ``stop_token_ids``, ``include_stop_str_in_output``, ``allowed_token_ids``, ``skip_special_tokens``;
+and eyas's ``speculate`` (false: this
 request opts out of speculative decoding) and ``return_token_sources`` (each stream chunk's choice lists
 its new tokens as ``{"text", "draft"}``: the playground colours accepted drafts with it).
 
@@ -46,6 +47,7 @@ class _Sampling(BaseModel):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
+    allowed_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     speculate: bool = True
     return_token_sources: bool = False  # stream chunks name each new token and whether it was an accepted draft
@@ -69,7 +71,7 @@ class _Sampling(BaseModel):
             n=self.n, temperature=pick("temperature", 1.0), top_p=pick("top_p", 1.0), top_k=pick("top_k", 0),
             min_p=pick("min_p", 0.0), max_tokens=max_tokens, min_tokens=self.min_tokens, seed=self.seed,
             stop=self.stop, stop_token_ids=self.stop_token_ids, include_stop_str_in_output=self.include_stop_str_in_output,
-            ignore_eos=self.ignore_eos, logprobs=logprobs,
+            ignore_eos=self.ignore_eos, logprobs=logprobs, allowed_token_ids=self.allowed_token_ids,
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens, speculate=self.speculate,
             presence_penalty=pick("presence_penalty", 0.0), frequency_penalty=pick("frequency_penalty", 0.0),
