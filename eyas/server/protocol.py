@@ -4,10 +4,10 @@ Fields the API defines and eyas does not implement are refused by name (400) rat
 fields nobody defines are ignored, as the OpenAI API and vLLM do. Sampling fields left out take the
 model's defaults (``generation_config.json``, or the built-in model's card), then the API's.
 vLLM's extensions are accepted: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``,
-``ignore_eos``, ``stop_token_ids``, ``include_stop_str_in_output``, ``allowed_token_ids``, ``skip_special_tokens``;
-and eyas's ``speculate`` (false: this
-request opts out of speculative decoding) and ``return_token_sources`` (each stream chunk's choice lists
-its new tokens as ``{"text", "draft"}``: the playground colours accepted drafts with it).
+``ignore_eos``, ``stop_token_ids``, ``include_stop_str_in_output``, ``allowed_token_ids``,
+``skip_special_tokens``; and eyas's ``speculate`` (false: this request opts out of speculative decoding) and
+``return_token_sources`` (each stream chunk's choice lists its new tokens as ``{"text", "draft"}``: the
+playground colours accepted drafts with it).
 
 Structured output, at most one of: OpenAI's ``response_format`` (``{"type": "json_object"}``,
 ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}`` or ``{"type": "text"}``),
