@@ -228,6 +228,14 @@ def test_speculative_server_is_lossless_and_reports_per_request_figures(tiny_mod
         sources = [s for c in chunks for s in c["choices"][0].get("token_sources", [])]
         assert "".join(s["text"] for s in sources) == want[0].outputs[0].text
         assert any(s["draft"] for s in sources) and not all(s["draft"] for s in sources)
+        # a stop string inside a verified run ends the output where decoding a token a step ends it
+        stop = want[0].outputs[0].text[10:12]
+        plain = offline.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=stop),
+                                 use_tqdm=False)[0].outputs[0]
+        got = httpx.post(server.base + "/v1/completions", json={**body, "stop": stop}, timeout=60).json()
+        assert (got["choices"][0]["text"], got["choices"][0]["finish_reason"]) == (plain.text, "stop")
+        assert got["usage"]["completion_tokens"] == len(plain.token_ids) < 40
+        assert got["spec_decode_metrics"][0]["num_accepted_tokens"] > 0
 
 
 def _output(request_id, reason, tokens, prompt=3, arrival=0.0, first=0.5, finish=2.5):
