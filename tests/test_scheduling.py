@@ -119,6 +119,22 @@ def test_max_tokens_none_runs_to_max_model_len(tiny_models):
     assert len(out.token_ids) == 64 - 10 and out.finish_reason == "length"
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(tiny_models):
+    """vLLM's truncate_prompt_tokens: a request keeps its prompt's last k tokens (-1: as many as leave room for one
+    output token), and generates what that shorter prompt would; 0 is refused by name."""
+    llm = LLM(str(tiny_models["llama"]), dtype="float32", max_model_len=64, kv_cache_gb=0.02)
+    prompt = list(range(5, 105))  # 100 tokens: more than max_model_len
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    cut = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, truncate_prompt_tokens=20),
+                       use_tqdm=False)[0]
+    assert cut.prompt_token_ids == prompt[-20:]
+    assert cut.outputs[0].token_ids == llm.generate([prompt[-20:]], params, use_tqdm=False)[0].outputs[0].token_ids
+    whole = llm.generate([prompt], SamplingParams(max_tokens=6, truncate_prompt_tokens=-1), use_tqdm=False)[0]
+    assert whole.prompt_token_ids == prompt[-63:] and len(whole.outputs[0].token_ids) == 1
+    with pytest.raises(ValueError, match=r"truncate_prompt_tokens=0 is invalid"):
+        SamplingParams(truncate_prompt_tokens=0)
+
+
 def test_stop_strings_are_looked_for_after_min_tokens_outputs(tiny_models):
     """As vLLM: a stop string found in the text of the first min_tokens outputs does not end the output."""
     llm = _llm(tiny_models["llama"])

@@ -75,6 +75,15 @@ def test_stop_strings_over_the_api_equal_offline_streamed_or_not(server, offline
         assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == want.text
 
 
+def test_truncate_prompt_tokens_over_the_api(server):
+    """A prompt longer than the context is refused, unless vLLM's truncate_prompt_tokens keeps its last tokens."""
+    body = {"model": "tiny", "prompt": "x" * 400, "max_tokens": 3, "ignore_eos": True}
+    assert httpx.post(server.base + "/v1/completions", json=body, timeout=30).status_code == 400
+    got = httpx.post(server.base + "/v1/completions", json={**body, "truncate_prompt_tokens": 100}, timeout=30)
+    assert got.status_code == 200 and got.json()["usage"]["prompt_tokens"] == 100
+    assert got.json()["usage"]["completion_tokens"] == 3
+
+
 def test_async_client_streams_chat_with_usage(server, offline):
     async def run():
         client = openai.AsyncOpenAI(base_url=server.base + "/v1", api_key="none", max_retries=0)

@@ -70,6 +70,7 @@ class Engine:
             raise ValueError(f"request_id: '{request_id}' is already running")
         if not prompt_token_ids:
             raise ValueError("prompt: is empty; give at least one token")
+        prompt_token_ids = params.kept_prompt(prompt_token_ids, max_len)
         bad = [t for t in prompt_token_ids if not (isinstance(t, int) and 0 <= t < vocab)]
         if bad:
             raise ValueError(f"prompt_token_ids: {bad[:5]} outside the vocabulary [0, {vocab})")

@@ -23,6 +23,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False  # the stop string that ended an output stays at the end of its text
     allowed_token_ids: list[int] | None = None  # only these may be sampled (vLLM's; not with structured_output)
+    truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (vLLM's; -1: all that fit)
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n logprobs per token, plus the sampled one (0: it only)
     prompt_logprobs: int | None = None  # the same for every prompt token after the first (skips the prefix cache)
@@ -94,10 +95,28 @@ class SamplingParams:
             if self.structured_output is not None:
                 raise bad("allowed_token_ids", ids, "None with structured_output (its grammar decides the tokens)")
             self.allowed_token_ids = list(ids)
+        k = self.truncate_prompt_tokens
+        if k is not None and not (isinstance(k, int) and (k >= 1 or k == -1)):
+            raise bad("truncate_prompt_tokens", k, "None, an integer >= 1, or -1 (as many as max_model_len allows)")
         if any(t < 0 for t in self.keep_special_token_ids):
             raise bad("keep_special_token_ids", self.keep_special_token_ids, "a tuple of token ids >= 0")
         if self.structured_output is not None:
             check_structured_output(self.structured_output)
+
+    @staticmethod
+    def kept_length(length: int, truncate_prompt_tokens: int | None, max_model_len: int) -> int:
+        """How many of a prompt's ``length`` tokens a request keeps: at most ``truncate_prompt_tokens`` (-1: max_model_len
+        - 1, room for one output token). A value SamplingParams refuses keeps them all (the server sizes max_tokens
+        with it before the params are built)."""
+        k = truncate_prompt_tokens
+        if not (isinstance(k, int) and (k >= 1 or k == -1)):
+            return length
+        return min(length, max_model_len - 1 if k == -1 else k)
+
+    def kept_prompt(self, prompt_token_ids: list[int], max_model_len: int) -> list[int]:
+        """The prompt's last ``kept_length`` tokens (left truncation, as vLLM's)."""
+        n = len(prompt_token_ids)
+        return prompt_token_ids[n - self.kept_length(n, self.truncate_prompt_tokens, max_model_len):]
 
     @property
     def has_penalties(self) -> bool:

@@ -5,9 +5,9 @@ fields nobody defines are ignored, as the OpenAI API and vLLM do. Sampling field
 model's defaults (``generation_config.json``, or the built-in model's card), then the API's.
 vLLM's extensions are accepted: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``,
 ``ignore_eos``, ``stop_token_ids``, ``include_stop_str_in_output``, ``allowed_token_ids``,
-``skip_special_tokens``; and eyas's ``speculate`` (false: this request opts out of speculative decoding) and
-``return_token_sources`` (each stream chunk's choice lists its new tokens as ``{"text", "draft"}``: the
-playground colours accepted drafts with it).
+``truncate_prompt_tokens``, ``skip_special_tokens``; and eyas's ``speculate`` (false: this request opts out of
+speculative decoding) and ``return_token_sources`` (each stream chunk's choice lists its new tokens as
+``{"text", "draft"}``: the playground colours accepted drafts with it).
 
 Structured output, at most one of: OpenAI's ``response_format`` (``{"type": "json_object"}``,
 ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}`` or ``{"type": "text"}``),
@@ -48,6 +48,7 @@ class _Sampling(BaseModel):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     allowed_token_ids: list[int] | None = None
+    truncate_prompt_tokens: int | None = None
     skip_special_tokens: bool = True
     speculate: bool = True
     return_token_sources: bool = False  # stream chunks name each new token and whether it was an accepted draft
@@ -72,6 +73,7 @@ class _Sampling(BaseModel):
             min_p=pick("min_p", 0.0), max_tokens=max_tokens, min_tokens=self.min_tokens, seed=self.seed,
             stop=self.stop, stop_token_ids=self.stop_token_ids, include_stop_str_in_output=self.include_stop_str_in_output,
             ignore_eos=self.ignore_eos, logprobs=logprobs, allowed_token_ids=self.allowed_token_ids,
+            truncate_prompt_tokens=self.truncate_prompt_tokens,
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens, speculate=self.speculate,
             presence_penalty=pick("presence_penalty", 0.0), frequency_penalty=pick("frequency_penalty", 0.0),

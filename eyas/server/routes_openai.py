@@ -50,7 +50,8 @@ def router(service: Service) -> APIRouter:
         request_id = f"cmpl-{uuid.uuid4().hex}"
         prompt_logprobs = body.logprobs if body.echo else None  # the echoed prompt's logprobs
         queues = await service.submit_all(request_id, prompts, lambda length: body.sampling_params(
-            service.defaults, service.resolve_max_tokens(body.max_tokens, length, "max_tokens"), body.logprobs,
+            service.defaults, service.resolve_max_tokens(body.max_tokens, service.kept(length, body), "max_tokens"),
+            body.logprobs,
             prompt_logprobs))
         fmt = service.formatter(request_id, chat=False)
         echo = [text if text is not None else tokenizer.decode(ids, skip_special_tokens=False)
@@ -80,7 +81,8 @@ def router(service: Service) -> APIRouter:
                             is not None else (body.max_tokens, "max_tokens"))
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         queues = await service.submit_all(request_id, [(ids, text)], lambda length: constrain(body.sampling_params(
-            service.defaults, service.resolve_max_tokens(requested, length, param), top if body.logprobs else None),
+            service.defaults, service.resolve_max_tokens(requested, service.kept(length, body), param),
+            top if body.logprobs else None),
             tools))
         fmt = service.formatter(request_id, chat=True)
         if body.stream:

@@ -17,6 +17,7 @@ from fastapi import Request
 
 from eyas.engine.outputs import RequestOutput
 from eyas.llm import LLM
+from eyas.sampling.params import SamplingParams
 from eyas.server.engine_loop import EngineLoop
 from eyas.server.metrics import ServerMetrics
 from eyas.server.responses import Formatter
@@ -101,6 +102,10 @@ class Service:
         if max_waiting is not None and self.loop.snapshot.num_waiting + self.loop.pending() >= max_waiting:
             raise ApiError(503, f"server busy: {max_waiting} requests are already waiting; retry shortly",
                            code="overloaded", headers={"Retry-After": "1"})
+
+    def kept(self, prompt_len: int, body) -> int:
+        """The prompt tokens a request keeps after vLLM's ``truncate_prompt_tokens`` (the engine truncates)."""
+        return SamplingParams.kept_length(prompt_len, body.truncate_prompt_tokens, self.max_model_len)
 
     def resolve_max_tokens(self, requested: int | None, prompt_len: int, param: str) -> int:
         room = self.max_model_len - prompt_len
