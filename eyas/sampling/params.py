@@ -9,6 +9,11 @@ from eyas.sampling.grammar import check_structured_output
 MAX_LOGPROBS = 20
 
 
+def _truncation(k) -> bool:
+    """Whether ``k`` is a truncate_prompt_tokens that truncates: an integer >= 1, or -1."""
+    return isinstance(k, int) and (k >= 1 or k == -1)
+
+
 @dataclass
 class SamplingParams:
     n: int = 1  # samples of the prompt, returned as outputs[0..n-1] (they share the prompt's cached blocks)
@@ -57,7 +62,7 @@ class SamplingParams:
             raise bad("min_p", self.min_p, "in [0, 1]")
         if self.max_tokens is not None and not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):
             raise bad("max_tokens", self.max_tokens, "an integer >= 1, or None (up to max_model_len)")
-        if not 0 <= self.min_tokens <= (self.max_tokens or self.min_tokens):
+        if self.min_tokens < 0 or (self.max_tokens is not None and self.min_tokens > self.max_tokens):
             raise bad("min_tokens", self.min_tokens, f"in [0, max_tokens={self.max_tokens}]")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
@@ -95,9 +100,9 @@ class SamplingParams:
             if self.structured_output is not None:
                 raise bad("allowed_token_ids", ids, "None with structured_output (its grammar decides the tokens)")
             self.allowed_token_ids = list(ids)
-        k = self.truncate_prompt_tokens
-        if k is not None and not (isinstance(k, int) and (k >= 1 or k == -1)):
-            raise bad("truncate_prompt_tokens", k, "None, an integer >= 1, or -1 (as many as max_model_len allows)")
+        if self.truncate_prompt_tokens is not None and not _truncation(self.truncate_prompt_tokens):
+            raise bad("truncate_prompt_tokens", self.truncate_prompt_tokens,
+                      "None, an integer >= 1, or -1 (as many as max_model_len allows)")
         if any(t < 0 for t in self.keep_special_token_ids):
             raise bad("keep_special_token_ids", self.keep_special_token_ids, "a tuple of token ids >= 0")
         if self.structured_output is not None:
@@ -108,10 +113,9 @@ class SamplingParams:
         """How many of a prompt's ``length`` tokens a request keeps: at most ``truncate_prompt_tokens`` (-1: max_model_len
         - 1, room for one output token). A value SamplingParams refuses keeps them all (the server sizes max_tokens
         with it before the params are built)."""
-        k = truncate_prompt_tokens
-        if not (isinstance(k, int) and (k >= 1 or k == -1)):
+        if not _truncation(truncate_prompt_tokens):
             return length
-        return min(length, max_model_len - 1 if k == -1 else k)
+        return min(length, max_model_len - 1 if truncate_prompt_tokens == -1 else truncate_prompt_tokens)
 
     def kept_prompt(self, prompt_token_ids: list[int], max_model_len: int) -> list[int]:
         """The prompt's last ``kept_length`` tokens (left truncation, as vLLM's)."""
