@@ -61,7 +61,8 @@ class LayoutForward:
         input_ids, positions, extras [T, ...] (device); query_start_loc [B+1], seq_lens [B] (host); ``tables``: a
         block table [B, W] (host) per group; ``k``: the most drafts a query carries (uniform rows are 1 for plain
         decodes, else k + 1); slot_mapping [T] (host): the first group's, when the caller has it already."""
-        max_q = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+        starts = query_start_loc.tolist()
+        max_q = max(b - a for a, b in zip(starts, starts[1:]))
         shape = self.graphs.uniform_shape(len(seq_lens), max_q, k) if self.graphs is not None else None
         if shape is not None:
             width, size = shape
@@ -76,7 +77,7 @@ class LayoutForward:
             slots = slot_mapping if i == 0 and slot_mapping is not None else \
                 layout_slots(table, query_start_loc, seq_lens, self.block_size)[1]
             batch = AttentionBatch(query_start_loc, seq_lens, table, slots, self.block_size, max_q,
-                                   int(seq_lens.max()), group.sliding_window)
+                                   max(seq_lens.tolist()), group.sliding_window)
             meta[group.index] = self.backend.build_metadata(batch, self.device)
         with forward_context(ForwardContext(self.backend, meta)):
             return fn(input_ids, positions, *extras)

@@ -84,9 +84,9 @@ class CpuBackend(AttentionBackend):
                              "log); use 'sdpa'")
 
     def build_metadata(self, batch: AttentionBatch, device: torch.device) -> CpuMetadata:
-        starts = batch.query_start_loc[:-1]
-        rows = torch.arange(starts.shape[0])
-        requests = torch.stack([starts, batch.query_start_loc[1:] - starts, batch.seq_lens, rows])
+        starts, seq_lens = batch.query_start_loc.tolist(), batch.seq_lens.tolist()  # host ints: a few, one tensor
+        requests = torch.tensor([starts[:-1], [b - a for a, b in zip(starts, starts[1:])], seq_lens,
+                                 list(range(len(seq_lens)))], dtype=torch.int64)
         return CpuMetadata(_int64(batch.slot_mapping), _int64(requests), _int64(batch.block_table), batch.block_size,
                            batch.sliding_window or 0, False)
 
