@@ -27,6 +27,9 @@ class ModelOutput:
     aux_hidden: torch.Tensor | None  # [num_tokens, num_aux_layers, hidden] residual stream at aux ids
 
 
+CACHE_BINDINGS = 0  # KV caches bound to attention layers so far, in this process
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int, input_size: int | None = None):
         """``input_size``: width of the input when it is not ``hidden_size`` (an EAGLE-3 drafter attends
@@ -40,10 +43,20 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.layer_id = layer_id
         self.kv_cache_group = 0
-        self.kv_cache: torch.Tensor | None = None  # [2, num_slots, kv_heads, head_dim], bound by the runner
+        self.kv_cache = None  # [2, num_slots, kv_heads, head_dim], bound by the runner
         # keys a query may see, itself included (None = all): declared by a drafter's sliding-window
         # layer; its KV-cache group's attention metadata applies it
         self.sliding_window: int | None = None
+
+    @property
+    def kv_cache(self) -> torch.Tensor | None:
+        return self._kv_cache
+
+    @kv_cache.setter
+    def kv_cache(self, cache: torch.Tensor | None) -> None:
+        global CACHE_BINDINGS
+        CACHE_BINDINGS += 1  # plans holding the caches' addresses (eyas.model.fused_decoder) are stale now
+        self._kv_cache = cache
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         num_tokens, heads, kv_heads = x.shape[0], self.num_heads, self.num_kv_heads
@@ -83,9 +96,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
-        # (precision changes and KV cache addresses, the plan made for them)
-        self._fused: tuple[tuple[int, ...] | None, FusedDecoder | None] = (None, None)
-        self._attention: tuple[Attention, ...] = ()  # _layer_runner's: attention_layers() costs 24 us a step
+        # (precision changes and KV cache bindings so far, the plan made after them)
+        self._fused: tuple[tuple[int, int] | None, FusedDecoder | None] = (None, None)
 
     def set_aux_layer_ids(self, aux_layer_ids: tuple[int, ...]) -> None:
         """Which residual streams ``forward`` hands back as aux hidden states (vLLM convention)."""
@@ -130,14 +142,12 @@ class LlamaForCausalLM(nn.Module):
         """``run(h, cos, sin, start, stop)`` -> h after layers [start, stop): one C call where the layers'
         kernels allow it (``fused_decoder.py``; the plan is made once per set of KV caches), else module by module."""
         if h.is_cpu:
-            # the plan holds the KV caches' addresses and the products' kernel calls (their precision)
-            if not self._attention:  # the layers' attention modules, gathered at the first forward
-                self._attention = tuple(self.attention_layers())
-            caches = (quantized.PRECISION_CHANGES,
-                      *(0 if a.kv_cache is None else a.kv_cache.data_ptr() for a in self._attention))
-            if self._fused[0] != caches:
+            # the plan holds the KV caches' addresses and the products' kernel calls (their precision): made anew
+            # after either changes (comparing the 30 caches' addresses every step cost a batch-1 step 40 us)
+            changes = (quantized.PRECISION_CHANGES, CACHE_BINDINGS)
+            if self._fused[0] != changes:
                 plain = all(type(layer) is DecoderLayer for layer in self.layers)  # what the C loop mirrors
-                self._fused = caches, FusedDecoder.build(self.layers) if plain else None
+                self._fused = changes, FusedDecoder.build(self.layers) if plain else None
             fused = self._fused[1]
             meta = None if fused is None else fused.metadata(h)
             if meta is not None:
