@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from eyas.core.host_ints import host_ints
 from eyas.core.step import ScheduledRequest, SchedulerOutput
 
 
@@ -53,12 +54,10 @@ class VerifyLayout:
             pad.append([row + min(j, n) for j in range(k + 1)])
             flat_rows += range(last, last + n + 1)
             row += n + 1
-        ints = dict(dtype=torch.int64)
-        return cls(sample_rows, entries, torch.tensor(counts, **ints),
-                   torch.tensor([e.draft_token_ids + [0] * (k - n) for e, n in zip(entries, counts)],
-                                **ints).view(len(entries), k),
-                   torch.tensor(flat_rows, **ints), torch.tensor(first, **ints),
-                   torch.tensor(pad, **ints).view(len(entries), k + 1))
+        r = len(entries)
+        return cls(sample_rows, entries, host_ints(counts),
+                   host_ints([e.draft_token_ids + [0] * (k - n) for e, n in zip(entries, counts)], (r, k)),
+                   host_ints(flat_rows), host_ints(first), host_ints(pad, (r, k + 1)))
 
     @property
     def num_rows(self) -> int:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from eyas.config import EngineConfig
+from eyas.core.host_ints import host_ints
 from eyas.core.step import DoneRequest, RunnerOutput, ScheduledRequest, SchedulerOutput
 from eyas.core.verify_layout import VerifyLayout
 from eyas.kv.manager import KVCacheGroupSpec
@@ -132,7 +133,9 @@ class ModelRunner:
                 self._propose(plan, inputs, out, verify, VerifyResult(torch.zeros(0, 1, dtype=torch.int64),
                                                                       torch.zeros(0, dtype=torch.int64)))
             return RunnerOutput({}, {}, {}, {}, prompt_logprobs=prompt_lp)
-        logits = self.model.compute_logits(out.hidden[verify.flat_rows.to(self.device)])  # [N, vocab]
+        # rows are increasing: when every row is verified (decodes, drafts) they are the forward's, in order
+        hidden = out.hidden if verify.num_rows == out.hidden.shape[0] else out.hidden[verify.flat_rows.to(self.device)]
+        logits = self.model.compute_logits(hidden)  # [N, vocab]
         pad = verify.pad.to(self.device)
         masks = pending.result(self.device) if pending is not None else None
         result = self._verify(verify, logits, pad, masks)
@@ -164,7 +167,9 @@ class ModelRunner:
                                     len(e.draft_token_ids), e.request.grammar is not None) for e in entries])
         if all(p.greedy for p in params):
             tokens = masks.argmax(logits) if masks is not None else argmax(logits)  # [N]
-            return greedy_verify(tokens[pad], drafts, num_drafts)
+            # [R, k+1]; every request with k drafts (N = R (k+1)) lays its rows out in order already
+            return greedy_verify(tokens.view(pad.shape) if tokens.shape[0] == pad.numel() else tokens[pad], drafts,
+                                 num_drafts)
         if masks is not None:
             logits = masks.apply(logits)
         width = pad.shape[1]
@@ -273,12 +278,9 @@ class ModelRunner:
             slots += request_slots(entry.block_tables[0], range(start, end), self.block_size)
             query_start_loc.append(query_start_loc[-1] + len(fed))
             seq_lens.append(end)
-        ints = dict(dtype=torch.int64)
-        return _Inputs(torch.tensor(input_ids, **ints, device=self.device),
-                       torch.tensor(positions, **ints, device=self.device), torch.tensor(query_start_loc, **ints),
-                       torch.tensor(seq_lens, **ints),
-                       block_table_tensor([entry.block_tables[0] for entry in plan.scheduled]),
-                       torch.tensor(slots, **ints))
+        return _Inputs(host_ints(input_ids).to(self.device), host_ints(positions).to(self.device),
+                       host_ints(query_start_loc), host_ints(seq_lens),
+                       block_table_tensor([entry.block_tables[0] for entry in plan.scheduled]), host_ints(slots))
 
     def _logprobs(self, entries: list[ScheduledRequest], logits: torch.Tensor, pad: torch.Tensor,
                   emitted: list[list[int]], counts: list[int]) -> dict[str, list[dict[int, float]]]:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from eyas.core.host_ints import host_ints
 from eyas.kv.block_pool import NULL_BLOCK
 
 
@@ -57,7 +58,7 @@ class UniformBatch:
 def block_table_tensor(tables: list[list[int]]) -> torch.Tensor:
     """Host block tables of one group -> [B, max_blocks] int64, padded with the null block 0."""
     width = max(1, max(len(t) for t in tables))
-    return torch.tensor([t + [NULL_BLOCK] * (width - len(t)) for t in tables], dtype=torch.int64)  # one copy, not B
+    return host_ints([t + [NULL_BLOCK] * (width - len(t)) for t in tables], (len(tables), width))  # one copy, not B
 
 
 def request_slots(blocks: list[int], positions, block_size: int) -> list[int]:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from eyas import kernels
+from eyas.core.host_ints import host_ints
 from eyas.model.attention.base import AttentionBackend, AttentionBatch, UniformBatch, uniform_slots
 
 CACHE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -85,8 +86,8 @@ class CpuBackend(AttentionBackend):
 
     def build_metadata(self, batch: AttentionBatch, device: torch.device) -> CpuMetadata:
         starts, seq_lens = batch.query_start_loc.tolist(), batch.seq_lens.tolist()  # host ints: a few, one tensor
-        requests = torch.tensor([starts[:-1], [b - a for a, b in zip(starts, starts[1:])], seq_lens,
-                                 list(range(len(seq_lens)))], dtype=torch.int64)
+        requests = host_ints([starts[:-1], [b - a for a, b in zip(starts, starts[1:])], seq_lens,
+                              list(range(len(seq_lens)))], (4, len(seq_lens)))
         return CpuMetadata(_int64(batch.slot_mapping), _int64(requests), _int64(batch.block_table), batch.block_size,
                            batch.sliding_window or 0, False)
 
