@@ -1,4 +1,5 @@
-"""The decoder layers in one C call (eyas/model/fused_decoder.py) against the same layers module by module.
+"""The decoder layers and final norm in one C call (eyas/model/fused_decoder.py) against the same modules one by
+one.
 
 The C loop calls the modules' own kernels in the modules' order, so every forward's hidden and aux states
 must equal the module path's bit for bit, whatever the batch: decodes, short verification chains, chunked
@@ -44,7 +45,7 @@ def _recording(llm):
 def _generate(path, monkeypatch, fused: bool, mode: str, aux=(), spec=None, **kwargs):
     with monkeypatch.context() as m:
         if not fused:
-            m.setattr(FusedDecoder, "build", classmethod(lambda cls, layers: None))
+            m.setattr(FusedDecoder, "build", classmethod(lambda cls, layers, norm: None))
         llm = LLM(str(path), quantization=mode, max_model_len=256, speculative_config=spec,
                   **({"kv_cache_gb": 0.05} | kwargs))
         if aux:
@@ -67,7 +68,7 @@ def _assert_same_states(fused, modules):
                                             pytest.param("gguf", "medium", marks=NEEDS_MEDIUM)])
 def test_fused_layers_equal_the_modules_bit_for_bit(tmp_path, monkeypatch, mode, precision):
     path = write_quantized_gguf(tmp_path / "q.gguf")
-    # aux ids out of order, with the embeddings (0) and the last layer's output (2): the runs split at each
+    # aux ids out of order, with the embeddings (0) and the last layer's output (2), copied out by the loop
     kwargs = dict(mode=mode, aux=(2, 0, 1), max_num_batched_tokens=32, matmul_precision=precision)
     tokens_f, states_f, runs, _ = _generate(path, monkeypatch, True, **kwargs)
     tokens_m, states_m, no_runs, _ = _generate(path, monkeypatch, False, **kwargs)
@@ -92,11 +93,14 @@ def test_fused_layers_under_preemption_and_self_drafting(tmp_path, monkeypatch):
 def test_fused_layers_step_aside_where_a_layer_has_no_native_kernel(tmp_path):
     path = write_quantized_gguf(tmp_path / "q.gguf")
     model = LLM(str(path), quantization=None, kv_cache_gb=0.05, max_model_len=256).engine.runner.model
-    assert FusedDecoder.build(model.layers) is None  # float32 nn.Linear weights
+    assert FusedDecoder.build(model.layers, model.norm) is None  # float32 nn.Linear weights
     quantized = LLM(str(path), quantization="gguf", kv_cache_gb=0.05, max_model_len=256).engine.runner.model
-    assert FusedDecoder.build(quantized.layers) is not None
+    assert FusedDecoder.build(quantized.layers, quantized.norm) is not None
+    quantized.norm.eps *= 2
+    assert FusedDecoder.build(quantized.layers, quantized.norm) is None  # the loop's norms share one eps
+    quantized.norm.eps /= 2
     quantized.layers[1].self_attn.o_proj.bias = torch.nn.Parameter(torch.zeros(256))
-    assert FusedDecoder.build(quantized.layers) is None  # a bias: the C loop adds none
+    assert FusedDecoder.build(quantized.layers, quantized.norm) is None  # a bias: the C loop adds none
 
 
 @pytest.mark.slow
@@ -107,7 +111,7 @@ def test_fused_layers_equal_the_modules_on_the_real_default_model(monkeypatch):
     def states(fused: bool):
         with monkeypatch.context() as m:
             if not fused:
-                m.setattr(FusedDecoder, "build", classmethod(lambda cls, layers: None))
+                m.setattr(FusedDecoder, "build", classmethod(lambda cls, layers, norm: None))
             llm = LLM(None, max_model_len=256, kv_cache_gb=0.02)
             assert llm.engine.config.quantization == "gguf"
             llm.engine.runner.model.set_aux_layer_ids((2, 15, 27))

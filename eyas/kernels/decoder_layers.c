@@ -1,4 +1,4 @@
-/* A run of Llama decoder layers in one call: the loop of eyas/model/llama.py's DecoderLayer.forward
+/* Llama's decoder layers and final norm in one call: the loop of eyas/model/llama.py's DecoderLayer.forward
    written in C, calling the same compiled kernels the modules call, in the same order, on the same
    buffers. The result equals the module-by-module forward bit for bit; what goes away is Python's
    share of a decode step (about 30 us a layer: a dozen module calls, tensor allocations and ctypes
@@ -81,18 +81,31 @@ int64_t eyas_decoder_work_floats(const model_t *m, int64_t tokens) {
     return tokens * (2 * e + (h + 2 * kvh) * d + (h + kvh) * d + h * d + 3 * m->intermediate);
 }
 
-/* Runs num_layers layers of plan on h [T, E] in place. cos, sin [T, D / 2]. The attention arguments after
-   them are CpuMetadata.kernel_args; the KV cache is float32 [2, num_slots, KVH, D]. work: at least
-   eyas_decoder_work_floats floats. Returns 0, -1 when a product fails, -2 when attention is out of memory. */
+/* aux [T, num_aux, E]: slot j of every token gets h [T, E] where aux_at[j] == at */
+static void capture(const float *h, int64_t tokens, int64_t e, const int64_t *aux_at, int64_t num_aux, int64_t at,
+                    float *aux) {
+    for (int64_t j = 0; j < num_aux; j++)
+        if (aux_at[j] == at)
+            for (int64_t t = 0; t < tokens; t++) memcpy(aux + (t * num_aux + j) * e, h + t * e, sizeof(float) * e);
+}
+
+/* Runs the first num_layers layers of plan on h [T, E] in place, then the final norm (weight final_norm) of the
+   result into normed [T, E]. The stream entering layer i (i = num_layers: the last layer's output, before the
+   norm) goes to slot j of aux [T, num_aux, E] for every j with aux_at[j] == i (ids above num_layers: none). cos,
+   sin [T, D / 2]. The attention arguments after them are CpuMetadata.kernel_args; the KV cache is float32 [2,
+   num_slots, KVH, D]. work: at least eyas_decoder_work_floats floats. Returns 0, -1 when a product fails, -2
+   when attention is out of memory. */
 int eyas_decoder_layers(const model_t *m, const int64_t *plan, int64_t num_layers, float *h, int64_t tokens,
                         const float *cos_, const float *sin_, const int64_t *slot_mapping, int64_t num_slot_tokens,
                         const int64_t *table, int64_t table_width, int64_t block_size, const int64_t *requests,
-                        int64_t num_reqs, int64_t window, int zero_fill, float *work, int num_threads) {
+                        int64_t num_reqs, int64_t window, int zero_fill, const int64_t *aux_at, int64_t num_aux,
+                        float *aux, const float *final_norm, float *normed, float *work, int num_threads) {
     const int64_t e = m->hidden, d = m->head_dim, heads = m->heads, kvh = m->kv_heads, inter = m->intermediate;
     const int64_t qkv_width = (heads + 2 * kvh) * d, qk_width = (heads + kvh) * d;
     float *xn = work, *qkv = xn + tokens * e, *qk = qkv + tokens * qkv_width, *att = qk + tokens * qk_width,
           *tmp = att + tokens * heads * d, *gu = tmp + tokens * e, *act = gu + tokens * 2 * inter;
     for (int64_t l = 0; l < num_layers; l++) {
+        capture(h, tokens, e, aux_at, num_aux, l, aux);
         const int64_t *layer = plan + l * LAYER_WORDS;
         m->rms_norm(h, (const float *)(intptr_t)layer[PLAN_INPUT_NORM], xn, tokens, e, m->eps, num_threads);
         if (linear(layer + PLAN_QKV, xn, tokens, e, qkv, qkv_width, num_threads)) return -1;
@@ -111,5 +124,7 @@ int eyas_decoder_layers(const model_t *m, const int64_t *plan, int64_t num_layer
         if (linear(layer + PLAN_DOWN, act, tokens, inter, tmp, e, num_threads)) return -1;
         add_into(h, tmp, tokens * e);
     }
+    capture(h, tokens, e, aux_at, num_aux, num_layers, aux);
+    m->rms_norm(h, final_norm, normed, tokens, e, m->eps, num_threads);
     return 0;
 }

@@ -1,4 +1,5 @@
-"""Runs of Llama decoder layers in one C call (``eyas/kernels/decoder_layers.c``) on the CPU.
+"""A Llama model's decoder layers and final norm in one C call (``eyas/kernels/decoder_layers.c``) on the CPU,
+which also copies out the aux hidden states a hidden-state drafter reads (the streams entering chosen layers).
 
 A batch-1 decode step of the default model makes about 30 Python-level module calls per layer (norms,
 products, rotary, attention, SiLU gate, residual adds), 0.9 ms of a 9 ms step on 2 threads. The C
@@ -41,7 +42,7 @@ def _kernel():
 
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     run = kernels.entry("decoder_layers", ptr, ptr, i64, ptr, i64, ptr, ptr, ptr, i64, ptr, i64, i64, ptr, i64, i64,
-                        ctypes.c_int, ptr, ctypes.c_int)
+                        ctypes.c_int, ptr, i64, ptr, ptr, ptr, ptr, ctypes.c_int)
     if run is None:
         return None
     work = kernels.load("decoder_layers").eyas_decoder_work_floats
@@ -67,26 +68,29 @@ def _linear_words(linear) -> list[int] | None:
 class FusedDecoder:
     """The plan of a model's decoder layers for the C loop, bound to their KV caches."""
 
-    def __init__(self, model_struct: _Model, plan: torch.Tensor, group: int, modules: list):
+    def __init__(self, model_struct: _Model, plan: torch.Tensor, norm: RMSNorm, group: int, modules: list):
         self.model_struct = model_struct
         self.plan = plan  # [num_layers, LAYER_WORDS] int64
+        self.norm = norm  # the final norm
         self.group = group  # the layers' KV-cache group (whose attention metadata they read)
         self._modules = modules  # the layers whose weights and caches the plan points into, kept alive with it
         # the C loop's scratch, kept between calls at the most any call needed: a new one each call cost a prefill
-        # its pages anew (66 MB at 2,048 tokens of the default model, written once a call: a step cut at EAGLE-3's
-        # aux layers paid it four times)
+        # its pages anew (66 MB at 2,048 tokens of the default model, written once a call; a step was four calls
+        # when the runs were cut at EAGLE-3's aux layers)
         self._work = torch.empty(0, dtype=torch.float32)
 
     @classmethod
-    def build(cls, layers) -> FusedDecoder | None:
-        """The plan for ``layers`` (a model's plain Llama ``DecoderLayer`` list, as the caller checks), or None
-        when one of them is not made of parts the C loop runs (see the module docstring) or a kernel cannot be
-        built."""
+    def build(cls, layers, norm) -> FusedDecoder | None:
+        """The plan for ``layers`` (a model's plain Llama ``DecoderLayer`` list, as the caller checks) and the final
+        ``norm``, or None when one of them is not made of parts the C loop runs (see the module docstring) or a
+        kernel cannot be built."""
         if _kernel() is None or token_ops() is None or attention_kernel() is None:
             return None
         first = layers[0]
         attn0 = first.self_attn
         eps = first.input_layernorm.eps
+        if type(norm) is not RMSNorm or norm.eps != eps or norm.weight.dtype != torch.float32:
+            return None
         rows = []
         for layer in layers:
             attn = layer.self_attn
@@ -109,7 +113,7 @@ class FusedDecoder:
                         _address(ops.rotary), _address(ops.silu_mul), _address(attention_kernel()))
         plan = torch.tensor(rows, dtype=torch.int64)
         assert plan.shape[1] == _LAYER_WORDS
-        return cls(struct, plan, attn0.kv_cache_group, list(layers))
+        return cls(struct, plan, norm, attn0.kv_cache_group, list(layers))
 
     def metadata(self, h: torch.Tensor) -> CpuMetadata | None:
         """This forward's attention metadata if the C loop can run it on ``h``, else None."""
@@ -121,22 +125,26 @@ class FusedDecoder:
         meta = ctx.attn_metadata.get(self.group)
         return meta if isinstance(meta, CpuMetadata) else None
 
-    def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, stop: int,
-            meta: CpuMetadata) -> torch.Tensor:
-        """Layers [start, stop) on h [T, hidden] -> a new [T, hidden]; cos, sin [T, 1, head_dim / 2] (contiguous)."""
-        if stop <= start:
-            return h
-        h = h.clone(memory_format=torch.contiguous_format)  # the C loop works in place
+    def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, stop: int, aux_at: tuple[int, ...],
+            meta: CpuMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Layers [0, stop) on h [T, hidden] (worked on in place), then the final norm -> (normed [T, hidden], aux
+        [T, len(aux_at), hidden] or None: the stream entering layer aux_at[j] in slot j); cos, sin [T, 1,
+        head_dim / 2] (contiguous)."""
         run, work_floats = _kernel()
         model = ctypes.byref(self.model_struct)
-        tokens = h.shape[0]
+        h = h.contiguous()
+        tokens, width = h.shape
         need = work_floats(model, tokens)
         if self._work.numel() < need:
             self._work = torch.empty(need, dtype=torch.float32)
-        status = run(model, self.plan[start].data_ptr(), stop - start, h.data_ptr(), tokens, cos.data_ptr(),
-                     sin.data_ptr(), *meta.kernel_args, meta.zero_fill, self._work.data_ptr(), torch.get_num_threads())
+        normed = torch.empty_like(h)
+        aux = torch.empty(tokens, len(aux_at), width) if aux_at else None
+        at = (ctypes.c_int64 * len(aux_at))(*aux_at)
+        status = run(model, self.plan.data_ptr(), stop, h.data_ptr(), tokens, cos.data_ptr(), sin.data_ptr(),
+                     *meta.kernel_args, meta.zero_fill, at, len(aux_at), None if aux is None else aux.data_ptr(),
+                     self.norm.weight.data_ptr(), normed.data_ptr(), self._work.data_ptr(), torch.get_num_threads())
         if status == -2:
             raise MemoryError("paged attention kernel: out of memory for its work buffers")
         if status != 0:
             raise RuntimeError("decoder_layers: a quantized product failed")
-        return h
+        return normed, aux

@@ -120,45 +120,43 @@ class LlamaForCausalLM(nn.Module):
         """input_ids, positions: [num_tokens]. Aux id k = the stream entering layer k (vLLM convention);
         aux states are stacked in the order of ``aux_layer_ids``.
 
-        ``num_layers`` runs only the first layers, then the final norm (a self-speculation drafter).
+        ``num_layers`` runs only the first layers, then the final norm (a self-speculation drafter); aux ids past
+        them are left out.
         """
         h = self.embed_tokens(input_ids)  # [T, hidden]
         cos, sin = self.rotary.table(positions, h.dtype)
-        run = self._layer_runner(h)
-        end = len(self.layers) if num_layers is None else min(num_layers, len(self.layers))
-        aux, done = {}, 0
-        for i in sorted(set(self.aux_layer_ids)):
-            if i >= end:
-                break
-            h = run(h, cos, sin, done, i)
-            aux[i], done = h, i
-        h = run(h, cos, sin, done, end)
-        if len(self.layers) in self.aux_layer_ids:
-            aux[len(self.layers)] = h
-        aux_hidden = torch.stack([aux[i] for i in self.aux_layer_ids if i in aux], dim=1) if aux else None
-        return ModelOutput(hidden=self.norm(h), aux_hidden=aux_hidden)
+        stop = len(self.layers) if num_layers is None else min(num_layers, len(self.layers))
+        aux_at = tuple(i for i in self.aux_layer_ids if i <= stop)
+        hidden, aux_hidden = self._layer_runner(h)(h, cos, sin, stop, aux_at)
+        return ModelOutput(hidden=hidden, aux_hidden=aux_hidden)
 
-    def _layer_runner(self, h: torch.Tensor) -> Callable[..., torch.Tensor]:
-        """``run(h, cos, sin, start, stop)`` -> h after layers [start, stop): one C call where the layers'
-        kernels allow it (``fused_decoder.py``; the plan is made once per set of KV caches), else module by module."""
+    def _layer_runner(self, h: torch.Tensor) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
+        """``run(h, cos, sin, stop, aux_at)`` -> (the final norm of h after layers [0, stop), the streams entering
+        layers ``aux_at`` stacked [T, len(aux_at), hidden] or None): one C call where the layers' kernels allow it
+        (``fused_decoder.py``; the plan is made once per set of KV caches), else module by module."""
         if h.is_cpu:
             # the plan holds the KV caches' addresses and the products' kernel calls (their precision): made anew
             # after either changes (comparing the 30 caches' addresses every step cost a batch-1 step 40 us)
             changes = (quantized.PRECISION_CHANGES, CACHE_BINDINGS)
             if self._fused[0] != changes:
                 plain = all(type(layer) is DecoderLayer for layer in self.layers)  # what the C loop mirrors
-                self._fused = changes, FusedDecoder.build(self.layers) if plain else None
+                self._fused = changes, FusedDecoder.build(self.layers, self.norm) if plain else None
             fused = self._fused[1]
             meta = None if fused is None else fused.metadata(h)
             if meta is not None:
                 return functools.partial(fused.run, meta=meta)
         return self._run_modules
 
-    def _run_modules(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    def _run_modules(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, stop: int, aux_at: tuple[int, ...]
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        aux = {}
         # islice, not self.layers[a:b]: slicing a ModuleList builds a new one (30 add_module calls per step)
-        for layer in islice(self.layers, start, stop):
+        for i, layer in enumerate(islice(self.layers, stop)):
+            if i in aux_at:
+                aux[i] = h
             h = layer(h, cos, sin)
-        return h
+        aux[stop] = h
+        return self.norm(h), torch.stack([aux[i] for i in aux_at], dim=1) if aux_at else None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, hidden] -> logits [N, vocab] in float32."""

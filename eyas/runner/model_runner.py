@@ -182,8 +182,8 @@ class ModelRunner:
         target = self.sampler.processed_logprobs(logits, batch)  # [N, vocab]
         # [R, k+1, vocab]; every request with k drafts (N = R (k+1)) lays its rows out in order already
         target = target.view(*pad.shape, -1) if target.shape[0] == pad.numel() else target[pad]
-        seeds_t = torch.tensor(seeds, dtype=torch.int64, device=self.device)
-        positions_t = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        seeds_t = host_ints(seeds).to(self.device)
+        positions_t = host_ints(positions, pad.shape).to(self.device)
         if self.verification == "shared_noise" or width == 1:
             return shared_noise_verify(target, drafts, seeds_t, positions_t, num_drafts)
         draft_probs = self._pending_probs(entries, width - 1, target.shape[-1])
@@ -224,7 +224,7 @@ class ModelRunner:
             next_token_ids=[-1 if e.will_sample else e.request.token_ids[e.start + e.num_new_tokens] for e in plan.scheduled],
             num_drafts=[len(e.draft_token_ids) for e in entries],
             expected_drafts=[plan.expected_drafts[e.request.request_id] for e in entries],
-            seeds=torch.tensor([e.request.seed for e in entries], dtype=torch.int64, device=self.device),
+            seeds=host_ints([e.request.seed for e in entries]).to(self.device),
             sampling_params=[e.request.params for e in entries],
             grammars=[e.request.grammar for e in entries],
         )

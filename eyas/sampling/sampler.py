@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from eyas.core.host_ints import host_ints
 from eyas.sampling.params import SamplingParams
 from eyas.sampling.row_ops import (
     EXP_FLOOR,
@@ -62,7 +63,7 @@ class SamplingBatch:
             return torch.tensor(x, dtype=torch.float32, device=device)
 
         def i64(x: list) -> Tensor:
-            return torch.tensor(x, dtype=torch.int64, device=device)
+            return host_ints(x).to(device)
 
         return cls(
             temperature=f32([0.0 if g else p.temperature for p, g in zip(params, greedy)]),

@@ -45,6 +45,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from eyas.core.host_ints import host_ints
 from eyas.kv.manager import KVCacheGroupSpec
 from eyas.model.attention import request_slots
 from eyas.model.cache_only import CacheOnlyLayer
@@ -99,7 +100,7 @@ class CatchUp:
         Most steps draft for nobody and only store their rows: their slots are host ints (``request_slots``)."""
         group = self.store.kv_cache_group
         laid_out = inp.slots_in(group, self.block_size)  # [T] the store's slot of each layout row
-        self.store.write(hidden[:, None], torch.tensor(laid_out, dtype=torch.int64, device=self.device))
+        self.store.write(hidden[:, None], host_ints(laid_out).to(self.device))
         qsl, seq_lens = inp.query_start_loc.tolist(), inp.seq_lens.tolist()
         starts = [seq_len - (qsl[b + 1] - qsl[b]) for b, seq_len in enumerate(seq_lens)]  # each one's first layout row
         num_tokens = qsl[-1]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from eyas.core.host_ints import host_ints
 from eyas.spec_decode.proposer import ProposerInput, ProposerOutput
 
 
@@ -64,4 +65,4 @@ def grammar_drafts(inp: ProposerInput, out: ProposerOutput, lookahead: int) -> P
             if n > plan.num_proposed:  # forced tokens the proposer did not draft: one-hot
                 probs[r, plan.num_proposed:n] = 0.0
                 probs[r, torch.arange(plan.num_proposed, n), torch.tensor(plan.tokens[plan.num_proposed:])] = 1.0
-    return ProposerOutput(drafts.to(device), torch.tensor(counts, dtype=torch.int64, device=device), probs, forced)
+    return ProposerOutput(drafts.to(device), host_ints(counts).to(device), probs, forced)
