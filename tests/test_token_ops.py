@@ -119,10 +119,10 @@ def test_results_do_not_depend_on_threads_or_batch(threads):
         assert torch.equal(a, b) and torch.equal(a[7:8], c)
 
 
-@pytest.mark.parametrize("width", [1, 5, 16, 17, 47, 49152])
+@pytest.mark.parametrize("width", [1, 5, 16, 17, 47, 64, 100, 177, 49152])
 @torch.inference_mode()
 def test_argmax_equals_pytorch_with_ties_infinities_and_nans(width, threads):
-    """The first of equal values, whether they fall in one lane, in two lanes or in the tail; rows of
+    """The first of equal values, whether they fall in one lane, in two lanes or accumulators, or in the tail; rows of
     -inf (a fully masked row); a NaN anywhere wins, the first one; -0.0 ties 0.0. 1 and 2 threads, alone
     and in a batch of 300 rows (the threaded loop)."""
     gen = torch.Generator().manual_seed(width)

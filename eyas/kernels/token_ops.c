@@ -152,28 +152,54 @@ static inline int64_t merge_lanes(v16f best, v16i first, float *top) {
     return at;
 }
 
+/* The lanes of (b_best, b_first) that beat (a_best, a_first): larger, or equal at a smaller index */
+static inline void keep_better(v16f *a_best, v16i *a_first, v16f b_best, v16i b_first) {
+    v16i take = (b_best > *a_best) | ((b_best == *a_best) & (b_first < *a_first));
+    *a_best = (v16f)(((v16i)b_best & take) | ((v16i)*a_best & ~take));
+    *a_first = (b_first & take) | (*a_first & ~take);
+}
+
 /* out[r] = torch.argmax(x[r]): the index of the largest value, the first of equal ones, or the first
    NaN where the row has one: x [rows, n]. PyTorch's CPU argmax walks a 49,152-wide row one value at a
-   time (about 0.15 ms); here each of 16 lanes keeps its largest value and the index where it first
-   appeared (a later value replaces it only when strictly larger), then merge_lanes. The n % 16 tail
-   comes last, strictly larger only. A row of n < 16 is all tail. */
+   time (about 0.15 ms); here each lane of 4 accumulators (the 16-value blocks b with b mod 4 = a, so
+   that their compare-and-keep chains run side by side: one chain waited about 6 cycles a block) keeps its
+   largest value and the index where it first appeared (a later value replaces it only when strictly
+   larger), then the accumulators merge lane by lane (the larger, or the smaller index of equal ones) and
+   merge_lanes takes the row's. The n % 16 tail comes last, strictly larger only. A row of n < 16 is all
+   tail. */
 int eyas_argmax(const float *x, int64_t *out, int64_t rows, int64_t n, int num_threads) {
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (rows * n >= 4 * PARALLEL_MIN_FLOATS)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * n;
-        v16i index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, first = index, nan = {0};
-        v16f best = (v16f){0} - INFINITY;
-        int64_t i = 0;
-        for (; i + 16 <= n; i += 16) {
-            v16f v = load16(xr + i);
-            v16i larger = v > best;
-            best = (v16f)(((v16i)v & larger) | ((v16i)best & ~larger));
-            first = (index & larger) | (first & ~larger);
-            nan |= v != v;
-            index += 16;
+        const v16i lanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+        v16f best[4];
+        v16i first[4], index[4], nan = {0};
+        for (int a = 0; a < 4; a++) {
+            best[a] = (v16f){0} - INFINITY;
+            first[a] = index[a] = lanes + 16 * a;
         }
+        int64_t i = 0;
+        for (; i + 64 <= n; i += 64)
+            for (int a = 0; a < 4; a++) {
+                v16f v = load16(xr + i + 16 * a);
+                v16i larger = v > best[a];
+                best[a] = (v16f)(((v16i)v & larger) | ((v16i)best[a] & ~larger));
+                first[a] = (index[a] & larger) | (first[a] & ~larger);
+                nan |= v != v;
+                index[a] += 64;
+            }
+        for (int a = 0; i + 16 <= n; i += 16, a++) { /* the last blocks, one to an accumulator */
+            v16f v = load16(xr + i);
+            v16i larger = v > best[a];
+            best[a] = (v16f)(((v16i)v & larger) | ((v16i)best[a] & ~larger));
+            first[a] = (index[a] & larger) | (first[a] & ~larger);
+            nan |= v != v;
+        }
+        keep_better(&best[0], &first[0], best[1], first[1]);
+        keep_better(&best[2], &first[2], best[3], first[3]);
+        keep_better(&best[0], &first[0], best[2], first[2]);
         float top = -INFINITY;
-        int64_t at = i > 0 ? merge_lanes(best, first, &top) : 0;
+        int64_t at = i > 0 ? merge_lanes(best[0], first[0], &top) : 0;
         int any_nan = 0;
         for (int l = 0; l < 16; l++) any_nan |= nan[l];
         for (; i < n; i++) {
