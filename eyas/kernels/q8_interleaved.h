@@ -261,9 +261,11 @@ static inline __attribute__((always_inline)) void group_block(const int type, in
 
 /* One thread's share of the product on interleaved weights (called by every thread of a parallel region; the
    threads split the groups, the same ones for every panel of rows): on AMX (tiled, q8_amx.h) a group's blocks
-   multiply 16 rows of x at once, else MR rows at a time; the same bits either way. Sets *failed when out of
-   memory. */
-static inline __attribute__((always_inline)) void r16_thread(const int type, int tiled, const int8_t *qx,
+   multiply 16 rows of x at once, else MR rows at a time; the same bits either way. pairs (not tiled): rows 2i and
+   2i + 1 of x are the two int8 rows of a split row (q8_gemm.c), and out row i gets the sum of their outputs (one
+   rounding, as the split product's own sum) without a trip through memory: a pass's MR rows, like a panel's,
+   start at an even row. Sets *failed when out of memory. */
+static inline __attribute__((always_inline)) void r16_thread(const int type, int tiled, int pairs, const int8_t *qx,
                                                            const float *dx, const float *sx, const uint8_t *weight,
                                                            float *out, int64_t ldo, int64_t m_len, int64_t n_len,
                                                            int64_t k_len, int *failed) {
@@ -298,8 +300,13 @@ static inline __attribute__((always_inline)) void r16_thread(const int type, int
                     int mr = p1 - m0 < MR ? (int)(p1 - m0) : MR;
                     vwf res[MR];
                     group_block(type, mr, grp, lo, nsub, qx + m0 * k_len, dx + m0 * np, sx + m0 * np, k_len, np, res);
-                    for (int i = 0; i < mr; i++)
-                        for (int j = 0; j < W && lo + j < R; j++) out[(m0 + i) * ldo + GROUP * g + lo + j] = res[i][j];
+                    if (pairs)
+                        for (int i = 0; i < mr; i += 2)
+                            for (int j = 0; j < W && lo + j < R; j++)
+                                out[(m0 + i) / 2 * ldo + GROUP * g + lo + j] = res[i][j] + res[i + 1][j];
+                    else
+                        for (int i = 0; i < mr; i++)
+                            for (int j = 0; j < W && lo + j < R; j++) out[(m0 + i) * ldo + GROUP * g + lo + j] = res[i][j];
                 }
         }
     }
@@ -310,10 +317,10 @@ static inline __attribute__((always_inline)) void r16_thread(const int type, int
 #define GEMM_R16_FOR(TYPE)                                                                                     \
     static int gemm_r16_##TYPE(const int8_t *qx, const float *dx, const float *sx, const uint8_t *weight,     \
                                float *out, int64_t ldo, int64_t m_len, int64_t n_len, int64_t k_len,         \
-                               int num_threads) {                                                           \
+                               int num_threads, int pairs) {                                                \
         int failed = 0, tiled = amx_tiles(R16 + TYPE, m_len);                                               \
         _Pragma("omp parallel num_threads(num_threads)")                                                    \
-        r16_thread(TYPE, tiled, qx, dx, sx, weight, out, ldo, m_len, n_len, k_len, &failed);                \
+        r16_thread(TYPE, tiled, pairs, qx, dx, sx, weight, out, ldo, m_len, n_len, k_len, &failed);         \
         return failed ? -1 : 0;                                                                             \
     }
 GEMM_R16_FOR(Q4_0)
