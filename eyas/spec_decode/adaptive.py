@@ -110,6 +110,8 @@ starvation.
 
 from __future__ import annotations
 
+import bisect
+import functools
 from dataclasses import dataclass, field
 
 PRIOR, PRIOR_WEIGHT = 0.5, 2.0  # acceptance before any evidence, and its weight in drafts
@@ -196,9 +198,13 @@ class RowCost:
     def linear(cls, c: float) -> "RowCost":
         return cls(((0, 1.0), (1, 1.0 + c)))
 
+    @functools.cached_property
+    def _rows(self) -> tuple[int, ...]:
+        return tuple(n for n, _ in self.points)
+
     def __call__(self, rows: int) -> float:
         # the segment ending at the first point at or past rows; past the last point, the last segment extended
-        end = next((i for i, (n, _) in enumerate(self.points) if i and rows <= n), len(self.points) - 1)
+        end = min(bisect.bisect_left(self._rows, rows, 1), len(self.points) - 1)
         (n0, c0), (n1, c1) = self.points[end - 1], self.points[end]
         return c0 + (c1 - c0) * (rows - n0) / (n1 - n0)
 
