@@ -184,13 +184,13 @@ class RotaryEmbedding(nn.Module):
         elif kind not in (None, "default"):
             raise ValueError(f"rope_scaling: type '{kind}' is not supported (supported: default, llama3)")
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
-        self.register_buffer("cos", freqs.cos().float(), persistent=False)  # [max_positions, head_dim/2]
-        self.register_buffer("sin", freqs.sin().float(), persistent=False)
+        # [max_positions, 1, head_dim/2]: a lookup is then the table's shape already (a batch-1 step's ops count)
+        self.register_buffer("cos", freqs.cos().float()[:, None], persistent=False)
+        self.register_buffer("sin", freqs.sin().float()[:, None], persistent=False)
 
     def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for each token: ``[num_tokens, 1, head_dim/2]``, computed once per forward."""
-        return (self.cos.index_select(0, positions).unsqueeze(1).to(dtype),
-                self.sin.index_select(0, positions).unsqueeze(1).to(dtype))
+        return self.cos.index_select(0, positions).to(dtype), self.sin.index_select(0, positions).to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -141,7 +141,7 @@ class ModelRunner:
         result = self._verify(verify, logits, pad, masks)
         # drafting is queued before the first device-to-host copy of the verification result
         proposal = self._propose(plan, inputs, out, verify, result) if self.proposer else None
-        emitted, counts = result.output_tokens.tolist(), (result.num_accepted + 1).tolist()
+        emitted, counts = result.output_tokens.tolist(), [n + 1 for n in result.num_accepted.tolist()]
         ids = [e.request.request_id for e in verify.entries]
         sampled = {i: emitted[r][:counts[r]] for r, i in enumerate(ids)}
         proposals, forced, probs = self._collect(verify.entries, proposal) if proposal is not None else ({}, {}, {})
