@@ -47,6 +47,7 @@
 #include <immintrin.h>
 #endif
 #include "gguf_blocks.h"
+#include "parallel.h"
 
 #if defined(EYAS_VNNI512) && !defined(__AVX512VNNI__)
 #error "EYAS_VNNI512 needs -mavx512vnni"
@@ -425,9 +426,9 @@ static int q8_product(const float *x, int64_t ldx, const uint8_t *weight, int ty
     memset(qx + q_len * k_len, 0, (size_t)((rows - q_len) * k_len));
     memset(dx + q_len * np, 0, sizeof(float) * (size_t)((rows - q_len) * np));
     memset(sx + q_len * np, 0, sizeof(float) * (size_t)((rows - q_len) * np));
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (!few)
-    for (int64_t m = 0; m < m_len; m++) /* split: b's planes one row after a's, as quantize_row puts them */
-        quantize_row(x + m * ldx, nsub, split, qx + per * m * k_len, dx + per * m * np, sx + per * m * np);
+    /* split: b's planes one row after a's, as quantize_row puts them */
+    PARALLEL_ROWS(m, m_len, !few,
+                  { quantize_row(x + m * ldx, nsub, split, qx + per * m * k_len, dx + per * m * np, sx + per * m * np); });
     int status = -1;
     float *dst = split && !pairs ? parts : out;
     int64_t ldd = split && !pairs ? n_len : ldo;
@@ -440,10 +441,9 @@ static int q8_product(const float *x, int64_t ldx, const uint8_t *weight, int ty
 #undef CALL
 #undef CALL_R16
     if (split && !pairs && status == 0)
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (!few)
-        for (int64_t m = 0; m < m_len; m++)
-            for (int64_t j = 0; j < n_len; j++)
-                out[m * ldo + j] = parts[2 * m * n_len + j] + parts[(2 * m + 1) * n_len + j];
+        PARALLEL_ROWS(m, m_len, !few, {
+            for (int64_t j = 0; j < n_len; j++) out[m * ldo + j] = parts[2 * m * n_len + j] + parts[(2 * m + 1) * n_len + j];
+        });
     if (!few) free(mem);
     return status;
 }

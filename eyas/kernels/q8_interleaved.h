@@ -313,14 +313,14 @@ static inline __attribute__((always_inline)) void r16_thread(const int type, int
     free(wide);
 }
 
-/* the region is opened here, with TYPE a constant in it (OpenMP outlines a region before constants propagate) */
+/* the region is opened here (on two threads or more), with TYPE a constant in it (OpenMP outlines a region before
+   constants propagate) */
 #define GEMM_R16_FOR(TYPE)                                                                                     \
     static int gemm_r16_##TYPE(const int8_t *qx, const float *dx, const float *sx, const uint8_t *weight,     \
                                float *out, int64_t ldo, int64_t m_len, int64_t n_len, int64_t k_len,         \
                                int num_threads, int pairs) {                                                \
         int failed = 0, tiled = amx_tiles(R16 + TYPE, m_len);                                               \
-        _Pragma("omp parallel num_threads(num_threads)")                                                    \
-        r16_thread(TYPE, tiled, pairs, qx, dx, sx, weight, out, ldo, m_len, n_len, k_len, &failed);         \
+        PARALLEL_CALL(r16_thread(TYPE, tiled, pairs, qx, dx, sx, weight, out, ldo, m_len, n_len, k_len, &failed)); \
         return failed ? -1 : 0;                                                                             \
     }
 GEMM_R16_FOR(Q4_0)

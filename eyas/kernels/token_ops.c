@@ -20,6 +20,7 @@
 
 #include "vector_exp.h"
 #include "log16.h"
+#include "parallel.h"
 
 static inline v16f load16(const float *p) {
     v16f v;
@@ -43,8 +44,7 @@ static inline float lane_sum(v16f v) {
    squares are summed in 16 lanes, then the lanes in one fixed tree, then the n % 16 tail in order; each
    output is (x * inv) * weight, as PyTorch rounds it. */
 int eyas_rms_norm(const float *x, const float *weight, float *out, int64_t rows, int64_t n, float eps, int num_threads) {
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (rows * n >= PARALLEL_MIN_FLOATS)
-    for (int64_t r = 0; r < rows; r++) {
+    PARALLEL_ROWS(r, rows, rows * n >= PARALLEL_MIN_FLOATS, {
         const float *xr = x + r * n;
         float *o = out + r * n;
         v16f acc = {0};
@@ -58,7 +58,7 @@ int eyas_rms_norm(const float *x, const float *weight, float *out, int64_t rows,
         float inv = 1.0f / sqrtf(sum / (float)n + eps);
         for (i = 0; i + 16 <= n; i += 16) store16(o + i, load16(xr + i) * inv * load16(weight + i));
         for (; i < n; i++) o[i] = xr[i] * inv * weight[i];
-    }
+    });
     return 0;
 }
 
@@ -72,8 +72,7 @@ int eyas_rms_norm(const float *x, const float *weight, float *out, int64_t rows,
 int eyas_rotary(const float *x, int64_t ldx, const float *cos_, const float *sin_, float *out, int64_t tokens,
                 int64_t heads, int64_t d, int num_threads) {
     const int64_t half = d / 2;
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (tokens * heads * d >= PARALLEL_MIN_FLOATS)
-    for (int64_t t = 0; t < tokens; t++) {
+    PARALLEL_ROWS(t, tokens, tokens * heads * d >= PARALLEL_MIN_FLOATS, {
         const float *c = cos_ + t * half, *s = sin_ + t * half;
         for (int64_t h = 0; h < heads; h++) {
             const float *x1 = x + t * ldx + h * d, *x2 = x1 + half;
@@ -89,7 +88,7 @@ int eyas_rotary(const float *x, int64_t ldx, const float *cos_, const float *sin
                 o2[i] = x2[i] * c[i] + x1[i] * s[i];
             }
         }
-    }
+    });
     return 0;
 }
 
@@ -111,8 +110,7 @@ EYAS_SILU_MUL(silu_mul16, v16f, v16i, exp16)
 /* out[t, i] = silu(gate) * up with gate = gu[t, i], up = gu[t, n + i]: gu [tokens, 2n] (the fused gate/up
    product), out [tokens, n]. The n % 8 tail goes through the same 8 lanes, zero-padded. */
 int eyas_silu_mul(const float *gu, float *out, int64_t tokens, int64_t n, int num_threads) {
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (tokens * n >= PARALLEL_MIN_FLOATS)
-    for (int64_t t = 0; t < tokens; t++) {
+    PARALLEL_ROWS(t, tokens, tokens * n >= PARALLEL_MIN_FLOATS, {
         const float *gate = gu + t * 2 * n, *up = gate + n;
         float *o = out + t * n;
         int64_t i = 0;
@@ -134,7 +132,7 @@ int eyas_silu_mul(const float *gu, float *out, int64_t tokens, int64_t n, int nu
             v8f y = silu_mul8(g, u);
             memcpy(o + i, &y, (n - i) * sizeof(float));
         }
-    }
+    });
     return 0;
 }
 
@@ -168,8 +166,7 @@ static inline void keep_better(v16f *a_best, v16i *a_first, v16f b_best, v16i b_
    merge_lanes takes the row's. The n % 16 tail comes last, strictly larger only. A row of n < 16 is all
    tail. */
 int eyas_argmax(const float *x, int64_t *out, int64_t rows, int64_t n, int num_threads) {
-#pragma omp parallel for num_threads(num_threads) schedule(static) if (rows * n >= 4 * PARALLEL_MIN_FLOATS)
-    for (int64_t r = 0; r < rows; r++) {
+    PARALLEL_ROWS(r, rows, rows * n >= 4 * PARALLEL_MIN_FLOATS, {
         const float *xr = x + r * n;
         const v16i lanes = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
         v16f best[4];
@@ -213,7 +210,7 @@ int eyas_argmax(const float *x, int64_t *out, int64_t rows, int64_t n, int num_t
             for (at = 0; xr[at] == xr[at]; at++) {
             }
         out[r] = at;
-    }
+    });
     return 0;
 }
 
