@@ -150,6 +150,13 @@ static inline int64_t merge_lanes(v16f best, v16i first, float *top) {
     return at;
 }
 
+/* The lanes where block v (its values' indices: index) is strictly larger than *best take it */
+static inline void keep_larger(v16f v, v16i index, v16f *best, v16i *first) {
+    v16i larger = v > *best;
+    *best = (v16f)(((v16i)v & larger) | ((v16i)*best & ~larger));
+    *first = (index & larger) | (*first & ~larger);
+}
+
 /* The lanes of (b_best, b_first) that beat (a_best, a_first): larger, or equal at a smaller index */
 static inline void keep_better(v16f *a_best, v16i *a_first, v16f b_best, v16i b_first) {
     v16i take = (b_best > *a_best) | ((b_best == *a_best) & (b_first < *a_first));
@@ -179,17 +186,13 @@ int eyas_argmax(const float *x, int64_t *out, int64_t rows, int64_t n, int num_t
         for (; i + 64 <= n; i += 64)
             for (int a = 0; a < 4; a++) {
                 v16f v = load16(xr + i + 16 * a);
-                v16i larger = v > best[a];
-                best[a] = (v16f)(((v16i)v & larger) | ((v16i)best[a] & ~larger));
-                first[a] = (index[a] & larger) | (first[a] & ~larger);
+                keep_larger(v, index[a], &best[a], &first[a]);
                 nan |= v != v;
                 index[a] += 64;
             }
         for (int a = 0; i + 16 <= n; i += 16, a++) { /* the last blocks, one to an accumulator */
             v16f v = load16(xr + i);
-            v16i larger = v > best[a];
-            best[a] = (v16f)(((v16i)v & larger) | ((v16i)best[a] & ~larger));
-            first[a] = (index[a] & larger) | (first[a] & ~larger);
+            keep_larger(v, index[a], &best[a], &first[a]);
             nan |= v != v;
         }
         keep_better(&best[0], &first[0], best[1], first[1]);

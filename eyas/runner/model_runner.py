@@ -167,9 +167,7 @@ class ModelRunner:
                                     len(e.draft_token_ids), e.request.grammar is not None) for e in entries])
         if all(p.greedy for p in params):
             tokens = masks.argmax(logits) if masks is not None else argmax(logits)  # [N]
-            # [R, k+1]; every request with k drafts (N = R (k+1)) lays its rows out in order already
-            return greedy_verify(tokens.view(pad.shape) if tokens.shape[0] == pad.numel() else tokens[pad], drafts,
-                                 num_drafts)
+            return greedy_verify(_by_request(tokens, pad), drafts, num_drafts)
         if masks is not None:
             logits = masks.apply(logits)
         width = pad.shape[1]
@@ -180,8 +178,7 @@ class ModelRunner:
                                           [s for s, n in zip(seeds, counts) for _ in range(n)],
                                           [q for row, n in zip(positions, counts) for q in row[:n]], self.device)
         target = self.sampler.processed_logprobs(logits, batch)  # [N, vocab]
-        # [R, k+1, vocab]; every request with k drafts (N = R (k+1)) lays its rows out in order already
-        target = target.view(*pad.shape, -1) if target.shape[0] == pad.numel() else target[pad]
+        target = _by_request(target, pad)  # [R, k+1, vocab]
         seeds_t = host_ints(seeds).to(self.device)
         positions_t = host_ints(positions, pad.shape).to(self.device)
         if self.verification == "shared_noise" or width == 1:
@@ -305,3 +302,9 @@ class ModelRunner:
                 per_token.append(entry)
             out[entries[r].request.request_id] = per_token
         return out
+
+
+def _by_request(rows: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+    """rows [N, ...] of the verify positions -> [R, k+1, ...] by ``pad`` (``VerifyLayout.pad``); a view where every
+    request verifies k drafts (N = R (k+1): the rows are laid out in that order already)."""
+    return rows.view(*pad.shape, *rows.shape[1:]) if rows.shape[0] == pad.numel() else rows[pad]
