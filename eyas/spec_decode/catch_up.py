@@ -101,10 +101,14 @@ class CatchUp:
         group = self.store.kv_cache_group
         laid_out = inp.slots_in(group, self.block_size)  # [T] the store's slot of each layout row
         self.store.write(hidden[:, None], host_ints(laid_out).to(self.device))
+        flat = self.filled.reshape(-1)  # a view
+        drafting = {b: r for r, b in enumerate(inp.sample_rows) if inp.expected_drafts[r] > 0}
+        if not drafting:  # most steps: the rows are stored, and no draft prefill ran over them
+            flat[laid_out] = False
+            return None
         qsl, seq_lens = inp.query_start_loc.tolist(), inp.seq_lens.tolist()
         starts = [seq_len - (qsl[b + 1] - qsl[b]) for b, seq_len in enumerate(seq_lens)]  # each one's first layout row
         num_tokens = qsl[-1]
-        drafting = {b: r for r, b in enumerate(inp.sample_rows) if inp.expected_drafts[r] > 0}
         requests, q_lens, rows = [], [], []  # rows: index into the layout's rows, then the caught-up rows
         tokens, positions, caught = [], [], []  # of the caught-up rows: next token, position, slot
         ran = np.zeros(num_tokens, dtype=bool)  # [T] whether the prefill runs over layout row t
@@ -121,10 +125,7 @@ class CatchUp:
             ran[qsl[b]:qsl[b + 1]] = True
             requests.append(b)
             q_lens.append(seq_len - first)
-        flat = self.filled.reshape(-1)  # a view
         flat[laid_out] = ran
-        if not requests:
-            return None
         if len(requests) == len(seq_lens) and not tokens:
             return DraftBatch.of_layout(inp, next_ids(), hidden)
         if tokens:
