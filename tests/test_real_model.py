@@ -87,3 +87,18 @@ def test_the_readme_first_command_answers_without_looping(capsys):
     words = captured.out.split()
     assert 5 <= len(words) < 150 and "finish=stop" in captured.err
     assert Counter(tuple(words[i:i + 4]) for i in range(len(words) - 3)).most_common(1)[0][1] < 3
+
+
+def test_loading_the_default_model_leaves_torchs_compiler_stack_unimported():
+    """Start-up: a module built on the meta device and then given storage touched torch's reference kernels
+    (a meta tensor's normal_, its empty_like), whose first calls import torch._dynamo and sympy: about 1 s of a
+    2.6 s start. A fresh interpreter loads the default model and the shipped EAGLE-3 drafter without them."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom eyas import LLM\nLLM(None, kv_cache_gb=0.05, max_model_len=256, "
+            "speculative_config={'method': 'eagle3'})\n"
+            "print(sorted(m for m in ('torch._dynamo', 'sympy') if m in sys.modules))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "[]"

@@ -177,13 +177,16 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None):
         super().__init__()
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        # made on the host even inside a meta-device context (a module built there, then filled): meta tensors'
+        # arithmetic imports torch._dynamo, about a second of start-up
+        host = torch.device("cpu")
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=host) / head_dim)
         kind = (scaling or {}).get("rope_type", (scaling or {}).get("type"))
         if kind == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, scaling)
         elif kind not in (None, "default"):
             raise ValueError(f"rope_scaling: type '{kind}' is not supported (supported: default, llama3)")
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float64, device=host), inv_freq)
         # [max_positions, 1, head_dim/2]: a lookup is then the table's shape already (a batch-1 step's ops count)
         self.register_buffer("cos", freqs.cos().float()[:, None], persistent=False)
         self.register_buffer("sin", freqs.sin().float()[:, None], persistent=False)

@@ -90,7 +90,10 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.set_aux_layer_ids(aux_layer_ids)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # built on the meta device and filled by the loader: no initial values (a meta tensor's normal_ imports
+        # torch._dynamo, about a second of start-up)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
@@ -109,7 +112,7 @@ class LlamaForCausalLM(nn.Module):
         self.aux_layer_ids = tuple(aux_layer_ids)
 
     def tie_weights(self) -> None:
-        """Share the embedding with the head (again after ``to_empty``, which unties parameters)."""
+        """Share the embedding with the head (again after ``materialize``, which unties parameters)."""
         if self.config.tie_word_embeddings and isinstance(self.embed_tokens, nn.Embedding):  # not a quantized table
             self.lm_head.weight = self.embed_tokens.weight
 

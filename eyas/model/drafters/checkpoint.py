@@ -50,7 +50,7 @@ from eyas.model.drafters.eagle3 import Eagle3Drafter
 from eyas.model.drafters.layout import LAYOUTS, UNMARKED, TensorFiles, checkpoint_names, is_norm_weight, prefix_renames
 from eyas.model.drafters.mtp import MtpDrafter
 from eyas.model.layers import RotaryEmbedding
-from eyas.model.loader import linears_to_int8, set_matmul_precision
+from eyas.model.loader import linears_to_int8, materialize, set_matmul_precision
 
 logger = logging.getLogger("eyas")
 CONVENTIONS = ("vllm", "specforge")
@@ -138,8 +138,8 @@ def load_drafter(path: str | os.PathLike, target: torch.nn.Module, *, dtype: tor
     parts = TargetParts(target.embed_tokens, target.lm_head)
     with torch.device("meta"):
         drafter = _build(spec, files, parts, max_positions)
-    drafter.to_empty(device=device)
-    cfg = drafter.config  # to_empty leaves the rotary tables uninitialised: rebuild them
+    materialize(drafter, device)
+    cfg = drafter.config  # materialize leaves the rotary tables uninitialised: rebuild them
     drafter.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling).to(device)
     _fill(drafter, spec, files)
     drafter.spec = spec
