@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from eyas.kv.storage import zeroed
+
 
 class CacheOnlyLayer(nn.Module):
     def __init__(self, num_rows: int, width: int, kv_cache_group: int):
@@ -24,7 +26,7 @@ class CacheOnlyLayer(nn.Module):
         return self.num_rows * self.width * dtype.itemsize
 
     def bind_cache(self, num_slots: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.kv_cache = torch.zeros(num_slots, self.num_rows, self.width, dtype=dtype, device=device)
+        self.kv_cache = zeroed((num_slots, self.num_rows, self.width), dtype, device)
 
     def write(self, states: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """states [num_tokens, num_rows, width] go to their slots; padding tokens carry a slot of the

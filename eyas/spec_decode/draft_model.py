@@ -33,6 +33,7 @@ import torch
 
 from eyas.config import EngineConfig, ModelConfig
 from eyas.kv.manager import KVCacheGroupSpec
+from eyas.kv.storage import zeroed
 from eyas.model.attention import block_table_tensor, default_backend, get_backend
 from eyas.model.cuda_graphs import engine_graphs, pad_table
 from eyas.model.layout_forward import CacheGroup, LayoutForward, model_step
@@ -109,8 +110,8 @@ class DraftModelProposer(Proposer):
         cfg = self.draft_config
         for layer in self.model.attention_layers():
             layer.kv_cache_group = first_group
-            layer.kv_cache = torch.zeros(2, num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim,
-                                         dtype=self.dtype, device=self.device)
+            layer.kv_cache = zeroed((2, num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim), self.dtype,
+                                    self.device)  # [K/V, slots, kv_heads, head_dim]
 
     def _catch_up(self, inp: ProposerInput) -> None:
         """Write the draft model's K/V for every token of the verification layout."""

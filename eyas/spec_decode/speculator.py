@@ -67,6 +67,7 @@ import torch
 from eyas.config import EngineConfig
 from eyas.drafters import shipped_drafter
 from eyas.kv.manager import KVCacheGroupSpec
+from eyas.kv.storage import zeroed
 from eyas.model.attention import block_table_tensor, default_backend, get_backend
 from eyas.model.cuda_graphs import engine_graphs, pad_table
 from eyas.model.drafters.checkpoint import load_drafter
@@ -186,8 +187,8 @@ class HiddenStateSpeculator(Proposer):
     def bind_kv_caches(self, num_blocks: int, block_size: int, first_group: int) -> None:
         for i, layer in enumerate(self.layers):
             layer.kv_cache_group = first_group + i
-            layer.kv_cache = torch.zeros(2, num_blocks * block_size, layer.num_kv_heads, layer.head_dim,
-                                         dtype=self.dtype, device=self.device)  # [K/V, slots, kv_heads, head_dim]
+            layer.kv_cache = zeroed((2, num_blocks * block_size, layer.num_kv_heads, layer.head_dim), self.dtype,
+                                    self.device)  # [K/V, slots, kv_heads, head_dim]
         self.layout_forward.groups = [CacheGroup(layer.kv_cache_group, layer.sliding_window) for layer in self.layers]
         if self.catch_up:
             self.catch_up.bind_kv_cache(num_blocks * block_size, first_group + len(self.layers))
