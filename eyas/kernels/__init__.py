@@ -54,6 +54,7 @@ VARIANTS = {
 }
 
 
+@functools.cache  # read once a process: the kernels' lookups ask for the flags a few hundred times at load
 def _cpu_id() -> str:
     try:
         info = Path("/proc/cpuinfo").read_text()
