@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from eyas.kv.storage import zeroed
+from eyas.model.host_memory import cache_zeros
 
 
 class CacheOnlyLayer(nn.Module):
@@ -26,7 +26,7 @@ class CacheOnlyLayer(nn.Module):
         return self.num_rows * self.width * dtype.itemsize
 
     def bind_cache(self, num_slots: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.kv_cache = zeroed((num_slots, self.num_rows, self.width), dtype, device)
+        self.kv_cache = cache_zeros((num_slots, self.num_rows, self.width), dtype, device)
 
     def write(self, states: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """states [num_tokens, num_rows, width] go to their slots; padding tokens carry a slot of the

@@ -30,9 +30,9 @@ from eyas.core.host_ints import host_ints
 from eyas.core.step import DoneRequest, RunnerOutput, ScheduledRequest, SchedulerOutput
 from eyas.core.verify_layout import VerifyLayout
 from eyas.kv.manager import KVCacheGroupSpec
-from eyas.kv.storage import zeroed
 from eyas.model.attention import block_table_tensor, default_backend, get_backend, request_slots
 from eyas.model.cuda_graphs import engine_graphs
+from eyas.model.host_memory import cache_zeros
 from eyas.model.layout_forward import CacheGroup, LayoutForward, model_step
 from eyas.model.llama import ModelOutput
 from eyas.model.loader import load_model
@@ -108,7 +108,7 @@ class ModelRunner:
         cfg = self.config.model
         num_slots = num_blocks * self.block_size
         for layer in self.model.attention_layers():
-            layer.kv_cache = zeroed((2, num_slots, cfg.num_kv_heads, cfg.head_dim), self.config.dtype,
+            layer.kv_cache = cache_zeros((2, num_slots, cfg.num_kv_heads, cfg.head_dim), self.config.dtype,
                                     self.device)  # [K/V, slots, kv_heads, head_dim]
         if self.proposer:
             self.proposer.bind_kv_caches(num_blocks, self.block_size, first_group=1)

@@ -33,9 +33,9 @@ import torch
 
 from eyas.config import EngineConfig, ModelConfig
 from eyas.kv.manager import KVCacheGroupSpec
-from eyas.kv.storage import zeroed
 from eyas.model.attention import block_table_tensor, default_backend, get_backend
 from eyas.model.cuda_graphs import engine_graphs, pad_table
+from eyas.model.host_memory import cache_zeros
 from eyas.model.layout_forward import CacheGroup, LayoutForward, model_step
 from eyas.model.loader import load_model
 from eyas.model.resolve import resolve_model
@@ -110,7 +110,7 @@ class DraftModelProposer(Proposer):
         cfg = self.draft_config
         for layer in self.model.attention_layers():
             layer.kv_cache_group = first_group
-            layer.kv_cache = zeroed((2, num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim), self.dtype,
+            layer.kv_cache = cache_zeros((2, num_blocks * block_size, cfg.num_kv_heads, cfg.head_dim), self.dtype,
                                     self.device)  # [K/V, slots, kv_heads, head_dim]
 
     def _catch_up(self, inp: ProposerInput) -> None:

@@ -67,10 +67,10 @@ import torch
 from eyas.config import EngineConfig
 from eyas.drafters import shipped_drafter
 from eyas.kv.manager import KVCacheGroupSpec
-from eyas.kv.storage import zeroed
 from eyas.model.attention import block_table_tensor, default_backend, get_backend
 from eyas.model.cuda_graphs import engine_graphs, pad_table
 from eyas.model.drafters.checkpoint import load_drafter
+from eyas.model.host_memory import cache_zeros
 from eyas.model.layout_forward import CacheGroup, LayoutForward
 from eyas.spec_decode.adaptive import NO_DRAFT_COST, DraftCost, RowCost
 from eyas.spec_decode.catch_up import CatchUp, DraftBatch
@@ -187,7 +187,7 @@ class HiddenStateSpeculator(Proposer):
     def bind_kv_caches(self, num_blocks: int, block_size: int, first_group: int) -> None:
         for i, layer in enumerate(self.layers):
             layer.kv_cache_group = first_group + i
-            layer.kv_cache = zeroed((2, num_blocks * block_size, layer.num_kv_heads, layer.head_dim), self.dtype,
+            layer.kv_cache = cache_zeros((2, num_blocks * block_size, layer.num_kv_heads, layer.head_dim), self.dtype,
                                     self.device)  # [K/V, slots, kv_heads, head_dim]
         self.layout_forward.groups = [CacheGroup(layer.kv_cache_group, layer.sliding_window) for layer in self.layers]
         if self.catch_up:
