@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -75,7 +76,9 @@ class LLM:
             if num_threads < 1:
                 raise ValueError(f"num_threads: {num_threads} must be >= 1")
             torch.set_num_threads(num_threads)
-        path = resolve_model(model)
+        dev = EngineConfig.resolve_device(device)
+        with kernels.building() if dev.type == "cpu" else contextlib.nullcontext():  # beside resolving the model
+            path = resolve_model(model)
         redirect = speculators_redirect(path)
         if redirect is not None:  # a speculators drafter folder names its target (verifier) and k
             verifier, drafter_config = redirect
@@ -86,9 +89,6 @@ class LLM:
                                  f"local model ({error})") from error
             speculative_config = speculative_config or drafter_config
         model_config = ModelConfig.from_folder(path, gguf_file(model if redirect is None else redirect[0]))
-        dev = EngineConfig.resolve_device(device)
-        if dev.type == "cpu":
-            kernels.prebuild()  # before the first kernel is loaded (resolve_quantization), side by side
         max_len = max_model_len_for(model_config, max_model_len)
         quantization, why = resolve_quantization(quantization, model_config, dev, dtype)
         matmul_precision, products = resolve_matmul_precision(matmul_precision, quantization, model_config)

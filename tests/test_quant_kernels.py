@@ -3,6 +3,9 @@ the ``gguf`` package's own dequantization: every block format, tile-edge shapes,
 and thread invariance, and each instruction-set build this CPU runs; at matmul precision "medium"
 (bfloat16 products), against the reference of the bf16-rounded activations and weights."""
 
+import os
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -161,12 +164,13 @@ def test_an_avx2_only_cpu_takes_the_avx2_build(monkeypatch):
 
 
 
-def test_prebuild_builds_the_libraries_the_engine_loads_and_nothing_without_a_compiler(monkeypatch, tmp_path):
-    """``kernels.prebuild`` (an engine's first step on a CPU) fills an empty cache with one library per kernel an
-    engine may load: afterwards loading each builds nothing more. Without a C compiler it builds nothing and
+def test_building_builds_the_libraries_the_engine_loads_and_nothing_without_a_compiler(monkeypatch, tmp_path):
+    """``kernels.building`` (around an engine's first step on a CPU) fills an empty cache with one library per kernel
+    an engine may load: afterwards loading each builds nothing more. Without a C compiler it builds nothing and
     raises nothing (the loads say why, later)."""
     monkeypatch.setenv("EYAS_CACHE_DIR", str(tmp_path / "cache"))
-    kernels.prebuild()
+    with kernels.building():
+        pass
     built = sorted((tmp_path / "cache" / "kernels").glob("*.so"))
     builds = kernels.engine_builds()
     assert len(built) == len(builds)
@@ -178,8 +182,28 @@ def test_prebuild_builds_the_libraries_the_engine_loads_and_nothing_without_a_co
         kernels.load.cache_clear()
     assert sorted((tmp_path / "cache" / "kernels").glob("*.so")) == built
     with without_c_compiler(monkeypatch, tmp_path):
-        kernels.prebuild()
+        with kernels.building():
+            pass
         assert not (tmp_path / "kernel-cache").exists()
+
+def test_an_error_inside_building_is_raised_at_once_and_cancels_the_builds_not_started(monkeypatch):
+    """An engine that fails to resolve its model (a wrong name) says so without waiting for every kernel build:
+    on one core the first build runs on, the others never start."""
+    started = []
+
+    def slow_build(name, *args):
+        started.append(name)
+        time.sleep(0.5)
+
+    monkeypatch.setattr(kernels, "_library", slow_build)
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    begin = time.perf_counter()
+    with pytest.raises(ValueError, match="no such model"), kernels.building():
+        raise ValueError("no such model")
+    assert time.perf_counter() - begin < 0.4
+    time.sleep(1.0)
+    assert started == ["quant_gemm"]
+
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_int8_rows_round_trip_and_products(precision):

@@ -16,6 +16,7 @@ the instructions it needs, e.g. ``quant_gemm.c``'s bfloat16 products or ``q8_gem
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -28,6 +29,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Iterator
 
 from eyas.cache import cache_dir
 
@@ -184,16 +186,33 @@ def builds_key() -> str:
     return hashlib.sha256(text + cpu_key().encode()).hexdigest()[:16]
 
 
-def prebuild() -> None:
-    """Build every kernel of ``engine_builds`` that the cache lacks, side by side on the CPU's cores: an engine's
-    first run otherwise builds them one by one as it loads them (AMD Zen 4, 2 cores: 22 s of builds, two thirds
-    of them the two builds of quant_gemm.c, against 11 s side by side). Nothing is loaded; a build that fails
-    fails again when its kernel is loaded, and says why there."""
+@contextlib.contextmanager
+def building() -> Iterator[None]:
+    """Build every kernel of ``engine_builds`` that the cache lacks, side by side on the CPU's cores, while the
+    block runs (an engine resolving its model: a GGUF's first conversion, about 5 s for the default model, runs
+    beside the builds); leaving the block waits for them. An engine's first run otherwise builds them one by one as
+    it loads them (AMD Zen 4, 2 cores: 22 s of builds, against 11 s side by side). Nothing is loaded; a build
+    that fails fails again when its kernel is loaded, and says why there. Leaving the block by an exception cancels
+    the builds not yet started (the error is not held up; the ones running finish in the background)."""
     cc, _ = _compiler()
     if cc is None:
+        yield
         return
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        list(pool.map(lambda build: _library(build[0], cc, *build[1:]), engine_builds()))
+    isa = cpu_isa()
+    jobs = [functools.partial(_library, "quant_gemm", cc, isa, variant)
+            for variant in (None, *(v for v in VARIANTS if VARIANTS[v][0] == "quant_gemm" and variant_supported(v)))]
+    jobs.append(functools.partial(dot_variant, "q8_gemm"))  # builds the variant it picks
+    jobs += [functools.partial(_library, path.stem, cc, None, None)
+             for path in sorted(_SOURCES.glob("*.c"), key=lambda p: -p.stat().st_size) if path.stem not in PER_ISA]
+    pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+    for job in jobs:  # the largest sources first: they take longest
+        pool.submit(job)
+    try:
+        yield
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
 def entry(name: str, *argtypes, function: str | None = None, isa: str | None = None,
