@@ -16,7 +16,7 @@ from eyas.engine.engine import Engine
 from eyas.engine.outputs import RequestOutput
 from eyas.model.resolve import gguf_file, resolve_model
 from eyas.model.tokenizer import Tokenizer
-from eyas.model.weight_policy import resolve_matmul_precision, resolve_quantization
+from eyas.model.weight_policy import bf16_products_needed, resolve_matmul_precision, resolve_quantization
 from eyas.sampling.defaults import sampling_defaults
 from eyas.sampling.params import SamplingParams
 from eyas.spec_decode.config import SpeculativeConfig
@@ -77,18 +77,20 @@ class LLM:
                 raise ValueError(f"num_threads: {num_threads} must be >= 1")
             torch.set_num_threads(num_threads)
         dev = EngineConfig.resolve_device(device)
-        with kernels.building() if dev.type == "cpu" else contextlib.nullcontext():  # beside resolving the model
+        with kernels.building() if dev.type == "cpu" else contextlib.nullcontext() as builds:  # beside the model
             path = resolve_model(model)
-        redirect = speculators_redirect(path)
-        if redirect is not None:  # a speculators drafter folder names its target (verifier) and k
-            verifier, drafter_config = redirect
-            try:
-                path = resolve_model(verifier)
-            except ValueError as error:
-                raise ValueError(f"model: speculators drafter {model} names verifier {verifier!r}, which is not a "
-                                 f"local model ({error})") from error
-            speculative_config = speculative_config or drafter_config
-        model_config = ModelConfig.from_folder(path, gguf_file(model if redirect is None else redirect[0]))
+            redirect = speculators_redirect(path)
+            if redirect is not None:  # a speculators drafter folder names its target (verifier) and k
+                verifier, drafter_config = redirect
+                try:
+                    path = resolve_model(verifier)
+                except ValueError as error:
+                    raise ValueError(f"model: speculators drafter {model} names verifier {verifier!r}, which is "
+                                     f"not a local model ({error})") from error
+                speculative_config = speculative_config or drafter_config
+            model_config = ModelConfig.from_folder(path, gguf_file(model if redirect is None else redirect[0]))
+            if builds is not None and not bf16_products_needed(quantization, matmul_precision, model_config):
+                builds.skip("bf16_products")
         max_len = max_model_len_for(model_config, max_model_len)
         quantization, why = resolve_quantization(quantization, model_config, dev, dtype)
         matmul_precision, products = resolve_matmul_precision(matmul_precision, quantization, model_config)

@@ -20,7 +20,12 @@ from eyas.config import ModelConfig
 from eyas.model import quantized as Q
 from eyas.model.gguf import convert_gguf
 from eyas.model.loader import load_model
-from eyas.model.weight_policy import BF16_PRODUCTS_MIN_RATIO, resolve_matmul_precision, resolve_quantization
+from eyas.model.weight_policy import (
+    BF16_PRODUCTS_MIN_RATIO,
+    bf16_products_needed,
+    resolve_matmul_precision,
+    resolve_quantization,
+)
 
 pytestmark = pytest.mark.skipif(not Q.kernel_available(), reason="no C compiler: the quantized kernel cannot be built")
 
@@ -315,6 +320,28 @@ def test_auto_takes_low_for_interleaved_formats_on_a_cpu_with_vnni(tmp_path, mon
     assert resolve_matmul_precision("auto", "int8", cfg) == resolve_matmul_precision("auto", "int8")
     monkeypatch.setattr(kernels, "dot_variant", lambda name: None)  # AVX2 only: vpmaddubsw, not measured to pay
     assert resolve_matmul_precision("auto", "gguf", cfg) == old_rule
+
+
+def test_an_engine_skips_the_bf16_build_only_where_it_will_not_run_or_measure_it(tmp_path, monkeypatch):
+    """``bf16_products_needed`` (read before any kernel is built) against what the policy then resolves: a GGUF
+    that "auto" runs at "low" never needs the bfloat16 build; one with K-quants may ("auto" measures it)."""
+    from eyas import kernels
+    from eyas.model import gguf_layout
+
+    path = write_quantized_gguf(tmp_path / "q.gguf", tied=True)  # K-quants in its layers
+    cfg = ModelConfig.from_folder(convert_gguf(path, tmp_path / "hf"), path)
+    assert bf16_products_needed("auto", "auto", cfg) and bf16_products_needed("gguf", "auto", cfg)
+    assert bf16_products_needed("int8", "medium", cfg) and bf16_products_needed("bf16", "auto", cfg)
+    assert not any(bf16_products_needed(q, p, cfg) for q in ("auto", "int8") for p in ("highest", "low"))
+    assert not bf16_products_needed(None, "auto", cfg)
+    monkeypatch.setattr(gguf_layout, "matrix_formats", lambda folder: {"Q4_1", "Q8_0", "F32"})
+    vnni = any(kernels.variant_supported(v) for v in ("amx", "vnni512", "vnni256"))
+    assert bf16_products_needed("auto", "auto", cfg) == (not vnni)
+    if vnni and Q.kernel_available("low") and kernels.dot_variant("q8_gemm") is not None:
+        assert resolve_matmul_precision("auto", "gguf", cfg)[0] == "low"
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw",
+                                                                 "avx512vl", "avx512_bf16"}))  # no VNNI
+    assert bf16_products_needed("auto", "auto", cfg)
 
 
 @NEEDS_MEDIUM

@@ -29,7 +29,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from eyas.cache import cache_dir
 
@@ -186,32 +186,53 @@ def builds_key() -> str:
     return hashlib.sha256(text + cpu_key().encode()).hexdigest()[:16]
 
 
+class Builds:
+    """The variant builds of ``building``, which start as its block ends, so an engine that learns it will not load
+    one can leave it out first."""
+
+    def __init__(self, variants: dict[str, Callable[[], object]]):
+        self.variants = variants  # variant -> its build
+
+    def skip(self, variant: str) -> None:
+        """Leave out the build of ``variant`` (a key of ``VARIANTS``): the engine will not load it (a later ``load``
+        would build it then)."""
+        self.variants.pop(variant, None)
+
+
 @contextlib.contextmanager
-def building() -> Iterator[None]:
+def building() -> Iterator[Builds | None]:
     """Build every kernel of ``engine_builds`` that the cache lacks, side by side on the CPU's cores, while the
     block runs (an engine resolving its model: a GGUF's first conversion, about 5 s for the default model, runs
-    beside the builds); leaving the block waits for them. An engine's first run otherwise builds them one by one as
-    it loads them (AMD Zen 4, 2 cores: 22 s of builds, against 11 s side by side). Nothing is loaded; a build
-    that fails fails again when its kernel is loaded, and says why there. Leaving the block by an exception cancels
-    the builds not yet started (the error is not held up; the ones running finish in the background)."""
+    beside the builds); leaving the block waits for them. The block gets the ``Builds`` (None without a C
+    compiler), whose variant builds start as the block ends, so an engine that learns it will not run one can
+    leave it out. An engine's first run otherwise builds them one by one as it loads them (AMD Zen 4, 2 cores: 22 s of builds,
+    against 11 s side by side). Nothing is loaded; a build that fails fails again when its kernel is loaded, and
+    says why there. Leaving the block by an exception cancels the builds not yet started (the error is not held
+    up; the ones running finish in the background)."""
     cc, _ = _compiler()
     if cc is None:
-        yield
+        yield None
         return
     isa = cpu_isa()
-    jobs = [functools.partial(_library, "quant_gemm", cc, isa, variant)
-            for variant in (None, *(v for v in VARIANTS if VARIANTS[v][0] == "quant_gemm" and variant_supported(v)))]
-    jobs.append(functools.partial(dot_variant, "q8_gemm"))  # builds the variant it picks
+
+    def q8_gemm() -> None:  # the dot-product variant that runs here (dot_variant builds it), else the plain build
+        _library("q8_gemm", cc, isa, dot_variant("q8_gemm"))
+
+    jobs = [functools.partial(_library, "quant_gemm", cc, isa, None), q8_gemm]
     jobs += [functools.partial(_library, path.stem, cc, None, None)
              for path in sorted(_SOURCES.glob("*.c"), key=lambda p: -p.stat().st_size) if path.stem not in PER_ISA]
     pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
-    for job in jobs:  # the largest sources first: they take longest
+    for job in jobs:  # what every engine loads first, the largest sources before the small ones
         pool.submit(job)
+    builds = Builds({v: functools.partial(_library, "quant_gemm", cc, isa, v)
+                     for v in VARIANTS if VARIANTS[v][0] == "quant_gemm" and variant_supported(v)})
     try:
-        yield
+        yield builds
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
         raise
+    for job in builds.variants.values():
+        pool.submit(job)
     pool.shutdown(wait=True)
 
 

@@ -110,11 +110,31 @@ def resolve_matmul_precision(requested: str, quantization: str | None,
 def _interleaved_with_vnni(model: ModelConfig) -> bool:
     """Whether "low" reads every matrix of the GGUF ``model`` interleaved, with VNNI dot products on this CPU."""
     from eyas.kernels import dot_variant
-    from eyas.model.gguf_layout import matrix_formats
-    from eyas.model.quantized import INTERLEAVED, kernel_available
+    from eyas.model.quantized import kernel_available
 
-    return (model.gguf_path is not None and dot_variant("q8_gemm") is not None and kernel_available("low")
-            and matrix_formats(model.path) - {"F32"} <= set(INTERLEAVED))
+    return _interleavable(model) and dot_variant("q8_gemm") is not None and kernel_available("low")
+
+
+def _interleavable(model: ModelConfig) -> bool:
+    """Whether ``model`` is a GGUF whose every matrix "low" reads interleaved, on a CPU whose flags have VNNI dot
+    products (no kernel is built to tell)."""
+    from eyas.kernels import VARIANTS, variant_supported
+    from eyas.model.gguf_layout import matrix_formats
+    from eyas.model.quantized import INTERLEAVED
+
+    return (model.gguf_path is not None and matrix_formats(model.path) - {"F32"} <= set(INTERLEAVED)
+            and any(kernel == "q8_gemm" and variant_supported(v) for v, (kernel, *_) in VARIANTS.items()))
+
+
+def bf16_products_needed(quantization: str | None, matmul_precision: str, model: ModelConfig) -> bool:
+    """Whether an engine asked for these may run or measure bfloat16 products (``eyas.kernels``' ``bf16_products``
+    build): where "medium" is asked for, or where "auto" may take it; not where "auto" takes "low" (``model`` a
+    GGUF read interleaved with VNNI) or the weights are in the engine dtype. From the CPU's flags and the model's
+    formats alone, so an engine's first run can leave that build out (``kernels.Builds.skip``)."""
+    if matmul_precision == "medium":
+        return True
+    return matmul_precision == "auto" and quantization is not None and not (
+        quantization in ("auto", "gguf") and _interleavable(model))
 
 
 def _folder_weights(model: ModelConfig, device: torch.device, dtype: str | torch.dtype) -> tuple[str | None, str]:
