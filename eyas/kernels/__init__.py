@@ -170,13 +170,22 @@ def load(name: str, isa: str | None = None, variant: str | None = None) -> ctype
 PER_ISA = ("quant_gemm", "q8_gemm")  # the kernels loaded per instruction set (``cpu_isa``); the others: -march=native
 
 
+def _arithmetic_variants() -> list[str]:
+    """quant_gemm.c's variants this CPU runs (other matmul precisions; one engine loads at most one of them)."""
+    return [v for v in VARIANTS if VARIANTS[v][0] == "quant_gemm" and variant_supported(v)]
+
+
+def _native_kernels() -> list[str]:
+    """The kernels built for ``-march=native`` (not per instruction set), by name."""
+    return [path.stem for path in sorted(_SOURCES.glob("*.c")) if path.stem not in PER_ISA]
+
+
 def engine_builds() -> list[tuple[str, str | None, str | None]]:
     """``load``'s arguments for every kernel an engine on this CPU may load, the slowest builds first."""
     isa = cpu_isa()
-    per_isa = [("quant_gemm", isa, variant) for variant in (None, *(v for v in VARIANTS if VARIANTS[v][0] == "quant_gemm"
-                                                                    and variant_supported(v)))]
+    per_isa = [("quant_gemm", isa, variant) for variant in (None, *_arithmetic_variants())]
     per_isa.append(("q8_gemm", isa, dot_variant("q8_gemm")))
-    return per_isa + [(path.stem, None, None) for path in sorted(_SOURCES.glob("*.c")) if path.stem not in PER_ISA]
+    return per_isa + [(name, None, None) for name in _native_kernels()]
 
 
 def builds_key() -> str:
@@ -218,14 +227,13 @@ def building() -> Iterator[Builds | None]:
     def q8_gemm() -> None:  # the dot-product variant that runs here (dot_variant builds it), else the plain build
         _library("q8_gemm", cc, isa, dot_variant("q8_gemm"))
 
-    jobs = [functools.partial(_library, "quant_gemm", cc, isa, None), q8_gemm]
-    jobs += [functools.partial(_library, path.stem, cc, None, None)
-             for path in sorted(_SOURCES.glob("*.c"), key=lambda p: -p.stat().st_size) if path.stem not in PER_ISA]
+    native = sorted(_native_kernels(), key=lambda name: -(_SOURCES / f"{name}.c").stat().st_size)  # largest first
+    jobs = [functools.partial(_library, "quant_gemm", cc, isa, None), q8_gemm,
+            *(functools.partial(_library, name, cc, None, None) for name in native)]
     pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
-    for job in jobs:  # what every engine loads first, the largest sources before the small ones
+    for job in jobs:  # engine_builds' libraries but the variants, which wait for the block's end
         pool.submit(job)
-    builds = Builds({v: functools.partial(_library, "quant_gemm", cc, isa, v)
-                     for v in VARIANTS if VARIANTS[v][0] == "quant_gemm" and variant_supported(v)})
+    builds = Builds({v: functools.partial(_library, "quant_gemm", cc, isa, v) for v in _arithmetic_variants()})
     try:
         yield builds
     except BaseException:
